@@ -1,0 +1,102 @@
+"""Helpers for tests (here and in other packages): random paged-KV batches and a dense reference."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class PagedBatch:
+    """A random batch whose K/V already sit in a paged cache at shuffled block ids."""
+
+    q: Tensor  # [T, Hq, D], sequence b's rows are cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    keys: list[Tensor]  # per sequence [L_b, Hkv, D]
+    values: list[Tensor]  # per sequence [L_b, Hkv, D]
+    k_cache: Tensor  # [NB, BS, Hkv, D]
+    v_cache: Tensor  # [NB, BS, Hkv, D]
+    block_tables: Tensor  # [B, M] int32 (unused entries hold random valid block ids)
+    seq_lens: Tensor  # [B] int32
+    cu_seqlens_q: Tensor  # [B+1] int32
+    slot_mapping: Tensor  # [T] int64: the cache slots of each sequence's last q_len tokens
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def random_paged_batch(
+    seq_lens: list[int],
+    q_lens: list[int],
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    num_blocks: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> PagedBatch:
+    """Sequences of seq_lens[b] tokens, the last q_lens[b] of which are queries."""
+    if len(seq_lens) != len(q_lens) or any(q > s for q, s in zip(q_lens, seq_lens)):
+        raise ValueError("need one q_len per sequence, each at most its seq_len")
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [(s + block_size - 1) // block_size for s in seq_lens]
+    width = max(1, max(blocks_per_seq))
+    needed = sum(blocks_per_seq)
+    if num_blocks is None:
+        num_blocks = needed + 3
+    if num_blocks < needed:
+        raise ValueError(f"num_blocks {num_blocks} < {needed} blocks needed")
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    # Distinct blocks per sequence; prefer the high end of the pool to exercise large block ids.
+    perm = torch.randperm(min(num_blocks, max(needed * 2, 8)), generator=gen) + max(
+        0, num_blocks - max(needed * 2, 8))
+    tables = torch.randint(0, num_blocks, (len(seq_lens), width), generator=gen, dtype=torch.int32)
+    keys, values, slots, used = [], [], [], 0
+    for b, (s, nblk) in enumerate(zip(seq_lens, blocks_per_seq)):
+        ids = perm[used:used + nblk]
+        used += nblk
+        tables[b, :nblk] = ids.to(torch.int32)
+        tok = torch.arange(s)
+        seq_slots = ids[tok // block_size] * block_size + tok % block_size  # [L]
+        keys.append(k_cache.view(-1, num_kv_heads, head_dim)[seq_slots])
+        values.append(v_cache.view(-1, num_kv_heads, head_dim)[seq_slots])
+        slots.append(seq_slots[s - q_lens[b]:])
+    total_q = sum(q_lens)
+    q = torch.randn((total_q, num_q_heads, head_dim), generator=gen).to(dtype)
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
+    return PagedBatch(
+        q=q.to(device),
+        keys=[k.to(device) for k in keys],
+        values=[v.to(device) for v in values],
+        k_cache=k_cache.to(device),
+        v_cache=v_cache.to(device),
+        block_tables=tables.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        cu_seqlens_q=cu.to(device),
+        slot_mapping=torch.cat(slots).to(device) if slots else torch.zeros(0, dtype=torch.int64),
+        max_seqlen_q=max(q_lens, default=0),
+        max_seqlen_k=max(seq_lens, default=0),
+    )
+
+
+def dense_causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Naive float64 reference: q [Q, Hq, D] at the last Q positions of k/v [L, Hkv, D] -> [Q, Hq, D]."""
+    nq, hq, _ = q.shape
+    length, hkv, _ = k.shape
+    k = k.double().repeat_interleave(hq // hkv, dim=1)  # [L, Hq, D]
+    v = v.double().repeat_interleave(hq // hkv, dim=1)
+    scores = torch.einsum("qhd,lhd->hql", q.double(), k) * scale  # [Hq, Q, L]
+    q_pos = torch.arange(length - nq, length)[:, None]
+    mask = torch.arange(length)[None, :] <= q_pos  # [Q, L]
+    scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+    return torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), v)
+
+
+def relative_error(out: Tensor, ref: Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64."""
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()

@@ -1,0 +1,109 @@
+"""Reference backend in plain PyTorch: exact (fp32 math), runs on any device. Used on CPU."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nv_kernels.interface import check_query, check_store
+
+
+def gather_pages(cache: Tensor, block_table: Tensor, num_tokens: int) -> Tensor:
+    """[NB, BS, Hkv, D] cache, [M] block ids -> the first num_tokens tokens [num_tokens, Hkv, D]."""
+    bs = cache.shape[1]
+    num_blocks = (num_tokens + bs - 1) // bs
+    pages = cache[block_table[:num_blocks].long()]  # [nblk, BS, Hkv, D]
+    return pages.reshape(-1, cache.shape[2], cache.shape[3])[:num_tokens]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """q [Hq, Q, D], k/v [Hkv, L, D], mask [Q, L] (True = keep) -> [Hq, Q, D] in fp32.
+
+    Query heads sharing a KV head are grouped: q head h uses KV head h // (Hq // Hkv).
+    """
+    hq, nq, d = q.shape
+    hkv = k.shape[0]
+    group = hq // hkv
+    qg = q.float().reshape(hkv, group * nq, d)  # [Hkv, G*Q, D]
+    scores = torch.bmm(qg, k.float().transpose(1, 2)) * scale  # [Hkv, G*Q, L]
+    scores = scores.view(hkv, group, nq, -1).masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # fully masked rows -> 0
+    out = torch.bmm(probs.view(hkv, group * nq, -1), v.float())  # [Hkv, G*Q, D]
+    return out.view(hq, nq, d)
+
+
+class TorchBackend:
+    """Gathers each sequence's pages and runs masked softmax attention in fp32."""
+
+    name = "torch"
+
+    def store_kvcache(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        check_store(key, value, k_cache, v_cache, slot_mapping)
+        nb, bs, hkv, d = k_cache.shape
+        keep = slot_mapping >= 0  # [T]
+        slots = slot_mapping[keep].long()
+        block, offset = slots // bs, slots % bs
+        k_cache[block, offset] = key[keep].to(k_cache.dtype)
+        v_cache[block, offset] = value[keep].to(v_cache.dtype)
+
+    def prefill(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        *,
+        cu_seqlens_q: Tensor,
+        seq_lens: Tensor,
+        block_tables: Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        scale: float,
+    ) -> Tensor:
+        check_query(q, k_cache, v_cache)
+        out = torch.empty_like(q)  # [T, Hq, D]
+        starts = cu_seqlens_q.tolist()
+        lens = seq_lens.tolist()
+        for b, ctx_len in enumerate(lens):
+            q_start, q_end = starts[b], starts[b + 1]
+            q_len = q_end - q_start
+            if q_len == 0:
+                continue
+            if q_len > ctx_len:
+                raise ValueError(f"sequence {b}: {q_len} queries but context length {ctx_len}")
+            k = gather_pages(k_cache, block_tables[b], ctx_len).transpose(0, 1)  # [Hkv, L, D]
+            v = gather_pages(v_cache, block_tables[b], ctx_len).transpose(0, 1)
+            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)  # [Q]
+            k_pos = torch.arange(ctx_len, device=q.device)  # [L]
+            mask = k_pos[None, :] <= q_pos[:, None]  # [Q, L]
+            o = attend(q[q_start:q_end].transpose(0, 1), k, v, mask, scale)  # [Hq, Q, D]
+            out[q_start:q_end] = o.transpose(0, 1).to(q.dtype)
+        return out
+
+    def decode(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        *,
+        seq_lens: Tensor,
+        block_tables: Tensor,
+        max_seqlen_k: int,
+        scale: float,
+    ) -> Tensor:
+        hq, hkv = check_query(q, k_cache, v_cache)
+        nb, bs, _, d = k_cache.shape
+        batch = q.shape[0]
+        # Gather up to max_seqlen_k tokens for every row at once (no host sync), mask the tail.
+        num_blocks = min(block_tables.shape[1], max(1, (max_seqlen_k + bs - 1) // bs))
+        table = block_tables[:, :num_blocks].long().clamp(0, nb - 1)  # [B, M]
+        length = num_blocks * bs
+        k = k_cache[table].reshape(batch, length, hkv, d).float()  # [B, L, Hkv, D]
+        v = v_cache[table].reshape(batch, length, hkv, d).float()
+        qg = q.float().view(batch, hkv, hq // hkv, d)  # [B, Hkv, G, D]
+        scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale  # [B, Hkv, G, L]
+        keep = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None].long()  # [B, L]
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # seq_len 0 rows -> 0
+        out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [B, Hkv, G, D]
+        return out.reshape(batch, hq, d).to(q.dtype)
