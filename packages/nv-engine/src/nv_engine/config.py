@@ -1,0 +1,161 @@
+"""EngineConfig: every setting the engine, runner and workers need, resolved once (frozen, picklable)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# The paged-KV block size used when the user gives none. One constant so a measurement can move it.
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+# Used only when the checkpoint's config names no context length.
+FALLBACK_MAX_MODEL_LEN = 4096
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Resolved engine settings. Build it with `EngineConfig.create(model, **kwargs)`."""
+
+    model: str                       # resolved local directory (or file, for GGUF)
+    hf_config: Any                   # transformers.PretrainedConfig
+    tensor_parallel_size: int = 1
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    seed: int = 0
+    max_model_len: int = FALLBACK_MAX_MODEL_LEN
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    block_size: int = DEFAULT_BLOCK_SIZE
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    attention_backend: str | None = None
+    num_gpu_blocks_override: int | None = None   # fixed KV-cache size in blocks (tests, debugging)
+    tokenizer: str | None = None                 # tokenizer dir; None = the model dir
+
+    @classmethod
+    def create(cls, model: str, *, hf_config: Any = None, **kwargs: Any) -> "EngineConfig":
+        """Resolve `model` (local dir or hub id), read its HF config and validate every setting.
+
+        Unknown keyword arguments raise TypeError; bad values raise ValueError naming the field."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"model", "hf_config"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s) {unknown}; accepted: {sorted(known)}")
+        from nv_engine.model_path import load_hf_config, resolve_model_path
+
+        path = resolve_model_path(model)
+        if hf_config is None:
+            hf_config = load_hf_config(path)
+        device = resolve_device(kwargs.pop("device", None))
+        dtype = resolve_dtype(kwargs.pop("dtype", "auto"), hf_config, device)
+        max_model_len = resolve_max_model_len(kwargs.pop("max_model_len", None), hf_config)
+        block_size = kwargs.pop("block_size", None)
+        max_num_seqs = kwargs.pop("max_num_seqs", None)
+        max_num_batched_tokens = kwargs.pop("max_num_batched_tokens", None)
+        config = cls(
+            model=path, hf_config=hf_config, device=device, dtype=dtype, max_model_len=max_model_len,
+            block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+            max_num_seqs=DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs,
+            max_num_batched_tokens=(DEFAULT_MAX_NUM_BATCHED_TOKENS if max_num_batched_tokens is None
+                                    else max_num_batched_tokens),
+            **kwargs,
+        )
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        def positive_int(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("tensor_parallel_size", "max_model_len", "max_num_seqs",
+                     "max_num_batched_tokens", "block_size"):
+            positive_int(name)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not (isinstance(self.gpu_memory_utilization, (int, float))
+                and 0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.num_gpu_blocks_override is not None:
+            positive_int("num_gpu_blocks_override")
+        if self.tensor_parallel_size > 1 and self.device.startswith("cuda"):
+            available = torch.cuda.device_count()
+            if self.tensor_parallel_size > available:
+                raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} but only "
+                                 f"{available} CUDA device(s) are visible")
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+
+def resolve_device(device: str | torch.device | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    name = str(device)
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available")
+    if not (name.startswith("cuda") or name == "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {name!r}")
+    return name
+
+
+def checkpoint_dtype(hf_config: Any) -> torch.dtype | None:
+    """The dtype the checkpoint was saved in (`dtype`, or `torch_dtype` on older transformers)."""
+    for attr in ("dtype", "torch_dtype"):
+        value = getattr(hf_config, attr, None)
+        if isinstance(value, torch.dtype):
+            return value
+        if isinstance(value, str):
+            return _DTYPE_NAMES.get(value.removeprefix("torch."))
+    return None
+
+
+def resolve_dtype(dtype: str | torch.dtype, hf_config: Any, device: str) -> torch.dtype:
+    """'auto' = the checkpoint's dtype on GPU (bfloat16 if it names none), float32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPE_NAMES.values():
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        return dtype
+    if not isinstance(dtype, str):
+        raise ValueError(f"dtype must be a string or torch.dtype, got {dtype!r}")
+    if dtype == "auto":
+        if not device.startswith("cuda"):
+            return torch.float32
+        found = checkpoint_dtype(hf_config)
+        return found if found is not None else torch.bfloat16
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPE_NAMES)}, got {dtype!r}")
+    return _DTYPE_NAMES[dtype]
+
+
+def resolve_max_model_len(user_value: int | None, hf_config: Any) -> int:
+    """The checkpoint's max_position_embeddings, capped by the user's value."""
+    model_max = getattr(hf_config, "max_position_embeddings", None) or FALLBACK_MAX_MODEL_LEN
+    if user_value is None:
+        return int(model_max)
+    if isinstance(user_value, bool) or not isinstance(user_value, int) or user_value < 1:
+        raise ValueError(f"max_model_len must be a positive integer, got {user_value!r}")
+    if user_value > model_max:
+        logger.warning("max_model_len=%d exceeds the model's max_position_embeddings=%d; using %d",
+                       user_value, model_max, model_max)
+        return int(model_max)
+    return user_value

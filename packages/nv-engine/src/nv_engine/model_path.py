@@ -1,0 +1,46 @@
+"""Where a model's files are: a local directory, or a hub id fetched with huggingface_hub."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+# Files the engine needs from a hub snapshot (weights, config, tokenizer, chat template).
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def resolve_model_path(model: str | os.PathLike) -> str:
+    """A local directory as an absolute path; otherwise a hub id downloaded (or found in the HF cache)
+    with huggingface_hub. ValueError with the reason when neither works."""
+    if not isinstance(model, (str, os.PathLike)) or not str(model):
+        raise ValueError(f"model must be a local directory or a hub id, got {model!r}")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    if path.exists():
+        raise ValueError(f"model {str(model)!r} is a file, not a model directory")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:
+        raise ValueError(f"model {str(model)!r} is not a local directory and huggingface_hub is "
+                         "not installed to fetch it") from exc
+    try:
+        return snapshot_download(repo_id=str(model), allow_patterns=_HUB_PATTERNS,
+                                 local_files_only=_hub_offline())
+    except Exception as exc:  # offline, unknown repo, bad id, auth: all the user's to fix
+        raise ValueError(f"model {str(model)!r} is not a local directory and could not be fetched "
+                         f"from the Hugging Face hub ({type(exc).__name__}: {exc})") from exc
+
+
+def load_hf_config(path: str) -> Any:
+    """The transformers config of a resolved model path; ValueError when it cannot be read."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as exc:
+        raise ValueError(f"cannot read a model config from {path!r}: {exc}") from exc
