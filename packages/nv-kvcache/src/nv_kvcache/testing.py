@@ -1,0 +1,109 @@
+"""Test helpers (also used by the demo): a deterministic fake model and an invariant checker."""
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+
+import xxhash
+
+from nv_kvcache.scheduler import Scheduler
+from nv_kvcache.scheduler_output import SchedulerOutput
+from nv_kvcache.sequence import Sequence, SequenceStatus
+
+
+class FakeModel:
+    """next token = f(all previous tokens): the same history always gives the same token, so a
+    preempted and recomputed sequence must end with exactly the tokens of an undisturbed run."""
+
+    def __init__(self, vocab_size: int = 1000, seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.seed = seed
+
+    def next_token(self, token_ids: list[int]) -> int:
+        return xxhash.xxh64_intdigest(array("q", token_ids).tobytes(), seed=self.seed) % self.vocab_size
+
+    def step(self, out: SchedulerOutput) -> list[int]:
+        """Sampled ids aligned with out.sampling."""
+        return [self.next_token(entry.seq.token_ids) for entry in out.scheduled if entry.samples]
+
+
+def check_scheduled(scheduler: Scheduler, out: SchedulerOutput) -> None:
+    """Raise AssertionError when a step's entries do not fit their sequences, blocks or budget."""
+    bs = scheduler.block_size
+    seen = set()
+    for entry in out.scheduled:
+        seq = entry.seq
+        assert seq.seq_id not in seen, f"sequence {seq.seq_id} scheduled twice"
+        seen.add(seq.seq_id)
+        assert seq.status is SequenceStatus.RUNNING, seq
+        assert entry.num_new_tokens >= 1, entry
+        end = seq.num_computed_tokens + entry.num_new_tokens
+        assert end <= seq.num_tokens, f"entry past the sequence: {entry}"
+        assert end <= len(seq.block_table) * bs, f"entry past its blocks: {entry}"
+        assert entry.samples == (end == seq.num_tokens), entry
+    assert out.num_batched_tokens == sum(e.num_new_tokens for e in out.scheduled)
+    assert out.num_batched_tokens <= scheduler.max_num_batched_tokens
+    for seq in out.preempted:
+        assert seq.seq_id not in seen and seq.status is SequenceStatus.WAITING, seq
+
+
+def run_to_completion(scheduler: Scheduler, model: FakeModel, max_steps: int = 100_000,
+                      check: bool = False) -> list[Sequence]:
+    """Step until nothing is unfinished; returns finished sequences in finishing order."""
+    finished: list[Sequence] = []
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished():
+            return finished
+        out = scheduler.schedule()
+        if check:
+            check_scheduled(scheduler, out)
+        finished += scheduler.postprocess(out, model.step(out))
+        if check:
+            check_invariants(scheduler)
+    raise AssertionError(f"not finished after {max_steps} steps")
+
+
+def reference_output(prompt: list[int], model: FakeModel, max_tokens: int,
+                     stop_ids: frozenset[int] = frozenset(), max_model_len: int = 1 << 30) -> list[int]:
+    """What an undisturbed run produces for one prompt (no min_tokens)."""
+    tokens = list(prompt)
+    out: list[int] = []
+    while True:
+        token_id = model.next_token(tokens)
+        tokens.append(token_id)
+        out.append(token_id)
+        if token_id in stop_ids or len(out) >= max_tokens or len(tokens) >= max_model_len:
+            return out
+
+
+def check_invariants(scheduler: Scheduler) -> None:
+    """Raise AssertionError when the scheduler / block manager state is inconsistent."""
+    bm = scheduler.block_manager
+    running, waiting = scheduler.running, list(scheduler.waiting)
+    free = bm.free_block_ids()
+    assert len(free) == len(set(free)), "a block is twice in the free queue"
+    holders: Counter[int] = Counter()
+    for seq in running:
+        assert seq.status is SequenceStatus.RUNNING, seq
+        assert len(set(seq.block_table)) == len(seq.block_table), f"block twice in one table: {seq}"
+        assert len(seq.block_table) * bm.block_size >= seq.num_computed_tokens, seq
+        assert seq.num_computed_tokens < seq.num_tokens or seq.num_tokens == 0, seq
+        holders.update(seq.block_table)
+    for seq in waiting:
+        assert seq.status is SequenceStatus.WAITING, seq
+        assert not seq.block_table and seq.num_computed_tokens == 0, seq
+    for seq in running + waiting:
+        assert seq.token_ids == seq.prompt_token_ids + seq.output_token_ids, seq
+    ids = [s.seq_id for s in running + waiting]
+    assert len(ids) == len(set(ids)), "a sequence is queued twice"
+    assert set(ids) == set(scheduler._seqs), "queues and the id table disagree"
+    assert len(running) <= scheduler.max_num_seqs
+    for block_id in range(bm.num_blocks):
+        assert bm.ref_count(block_id) == holders[block_id], (
+            f"block {block_id}: ref count {bm.ref_count(block_id)}, held by {holders[block_id]}")
+    free_set = set(free)
+    assert free_set == {b for b in range(bm.num_blocks) if bm.ref_count(b) == 0}
+    assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
+    assert bm.num_used_blocks == len(holders)
+    for block_hash, block_id in bm._hash_to_block.items():
+        assert bm.block_hash(block_id) == block_hash, f"hash table points at the wrong block {block_id}"
