@@ -1,0 +1,83 @@
+"""The FastAPI app of `nv serve`: OpenAI routes, /health, /metrics."""
+from __future__ import annotations
+
+import secrets
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from nv_engine.server.chat import create_chat_completion
+from nv_engine.server.completions import create_completion
+from nv_engine.server.engine_loop import AsyncEngine
+from nv_engine.server.errors import APIError, install_error_handlers
+from nv_engine.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from nv_engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from nv_engine.server.serving import ServerState
+
+
+def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model_path: str,
+                max_model_len: int, served_model_names: list[str] | None = None,
+                api_key: str | None = None, max_n: int = 128) -> ServerState:
+    """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests)."""
+    names = served_model_names or [model_path]
+    metrics = ServerMetrics(names[0])
+    return ServerState(engine=AsyncEngine(engine, metrics), tokenizer=tokenizer,
+                       sampling_params_cls=sampling_params_cls, served_model_names=names,
+                       model_path=model_path, max_model_len=max_model_len, max_n=max_n,
+                       metrics=metrics, api_key=api_key)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            state.engine.shutdown()
+
+    app = FastAPI(title="nv", lifespan=lifespan)
+    app.state.nv = state
+    install_error_handlers(app)
+
+    async def check_api_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), state.api_key):
+            raise APIError("Invalid or missing API key (send `Authorization: Bearer KEY`).",
+                           status=401, code="invalid_api_key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @v1.get("/models")
+    async def list_models() -> JSONResponse:
+        cards = [ModelCard(id=name, root=state.model_path, max_model_len=state.max_model_len)
+                 for name in state.served_model_names]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    @v1.post("/completions")
+    async def completions(req: CompletionRequest, raw: Request) -> Any:
+        return await create_completion(state, req, raw)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
+        return await create_chat_completion(state, req, raw)
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.engine.is_alive:
+            return Response(status_code=200)
+        raise APIError("The engine is not running.", status=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = state.metrics.render() if state.metrics is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app

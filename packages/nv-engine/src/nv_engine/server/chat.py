@@ -1,0 +1,147 @@
+"""POST /v1/chat/completions: the tokenizer's chat template, then the same engine path."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from nv_engine.server.engine_loop import OutputStream
+from nv_engine.server.errors import APIError, sse_error
+from nv_engine.server.protocol import (SSE_DONE, ChatChoice, ChatCompletionChunk,
+                                       ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
+                                       ChatResponseMessage, ChatStreamChoice, DeltaMessage,
+                                       UsageInfo, random_id, sse)
+from nv_engine.server.serving import (ChoiceState, LogprobFormatter, ServerState,
+                                      build_sampling_params, check_prompt, engine_error,
+                                      resolve_max_tokens, run_unless_disconnected)
+
+MAX_TOP_LOGPROBS = 20   # OpenAI's bound
+
+
+def _message_dict(i: int, msg: ChatMessage) -> dict:
+    d = msg.model_dump(exclude_none=True)
+    if isinstance(msg.content, list):     # content parts: only text is supported
+        texts = []
+        for part in msg.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(f"Only text content parts are supported, got {part.get('type')!r}.",
+                               param=f"messages.{i}.content")
+            texts.append(part["text"])
+        d["content"] = "\n".join(texts)
+    return d
+
+
+def render_chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    """The prompt token ids: the chat template's text, tokenized without extra special tokens."""
+    tok = state.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise APIError("The model's tokenizer has no chat template; use /v1/completions.",
+                       param="messages")
+    messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+    try:
+        text = tok.apply_chat_template(
+            messages, tokenize=False,
+            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+            continue_final_message=req.continue_final_message, **(req.chat_template_kwargs or {}))
+    except Exception as exc:   # a template error is the request's fault (bad roles, ...)
+        raise APIError(f"Could not apply the chat template: {exc}", param="messages") from exc
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request) -> Any:
+    model = state.check_model(req.model)
+    top_logprobs = None
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise APIError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}.",
+                       param="top_logprobs")
+    if req.logprobs:
+        top_logprobs = req.top_logprobs or 0
+    elif req.top_logprobs:
+        raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
+    ids = render_chat_prompt(state, req)
+    check_prompt(state, ids)
+    if req.max_completion_tokens is not None:
+        max_tokens = resolve_max_tokens(state, req.max_completion_tokens, len(ids),
+                                        param="max_completion_tokens")
+    else:
+        max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids))
+    params = build_sampling_params(state, req, max_tokens=max_tokens, logprobs=top_logprobs)
+    request_id = random_id("chatcmpl")
+    try:
+        stream = await state.engine.add_requests([(request_id, {"prompt_token_ids": ids}, params)])
+    except Exception as exc:
+        raise engine_error(exc) from exc
+    run = _ChatRun(state, req, model, request_id, len(ids), top_logprobs)
+    if req.stream:
+        return StreamingResponse(run.events(stream), media_type="text/event-stream")
+    body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
+    return JSONResponse(body)
+
+
+class _ChatRun:
+    def __init__(self, state: ServerState, req: ChatCompletionRequest, model: str, request_id: str,
+                 num_prompt_tokens: int, top_logprobs: int | None) -> None:
+        self.req, self.model, self.id = req, model, request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.top_logprobs = top_logprobs
+        self.fmt = LogprobFormatter(state.tokenizer)
+        self.choices = {i: ChoiceState(i) for i in range(req.n)}
+
+    def _apply(self, outputs: list[Any]) -> set[int]:
+        changed = set()
+        for out in outputs:
+            for comp in out.outputs:
+                self.choices[comp.index].update(comp)
+                changed.add(comp.index)
+        return changed
+
+    def _usage(self) -> UsageInfo:
+        completion = sum(len(c.token_ids) for c in self.choices.values())
+        return UsageInfo(prompt_tokens=self.num_prompt_tokens, completion_tokens=completion,
+                         total_tokens=self.num_prompt_tokens + completion)
+
+    def _logprobs(self, c: ChoiceState, start: int, end: int) -> Any:
+        if self.top_logprobs is None:
+            return None
+        return self.fmt.chat(c.token_ids[start:end], (c.logprobs or [])[start:end], self.top_logprobs)
+
+    def _chunk(self, choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
+        return sse(ChatCompletionChunk(id=self.id, model=self.model,
+                                       choices=[choice] if choice else [], usage=usage))
+
+    async def collect(self, stream: OutputStream) -> dict:
+        async for outputs in stream:
+            self._apply(outputs)
+        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                              logprobs=self._logprobs(c, 0, len(c.token_ids)),
+                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                   for c in self.choices.values()]
+        return ChatCompletionResponse(id=self.id, model=self.model, choices=choices,
+                                      usage=self._usage()).model_dump()
+
+    async def events(self, stream: OutputStream) -> AsyncIterator[str]:
+        try:
+            for index in self.choices:   # the role comes first, once per choice
+                yield self._chunk(ChatStreamChoice(
+                    index=index, delta=DeltaMessage(role="assistant", content="")))
+            async for outputs in stream:
+                for index in sorted(self._apply(outputs)):
+                    c = self.choices[index]
+                    if c.done:
+                        continue
+                    delta, start, end = c.take_delta()
+                    if delta or start != end:
+                        yield self._chunk(ChatStreamChoice(
+                            index=index, delta=DeltaMessage(content=delta),
+                            logprobs=self._logprobs(c, start, end)))
+                    if c.finish_reason is not None:
+                        c.done = True
+                        yield self._chunk(ChatStreamChoice(
+                            index=index, delta=DeltaMessage(), finish_reason=c.finish_reason,
+                            stop_reason=c.stop_reason))
+            if self.req.include_usage:
+                yield self._chunk(None, usage=self._usage())
+        except APIError as err:
+            yield sse_error(err)
+        yield SSE_DONE

@@ -1,0 +1,138 @@
+"""POST /v1/completions."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from nv_engine.server.engine_loop import OutputStream
+from nv_engine.server.errors import APIError, sse_error
+from nv_engine.server.protocol import (SSE_DONE, CompletionChoice, CompletionChunk,
+                                       CompletionRequest, CompletionResponse, UsageInfo, random_id,
+                                       sse)
+from nv_engine.server.serving import (ChoiceState, LogprobFormatter, ServerState,
+                                      build_sampling_params, check_prompt, engine_error,
+                                      resolve_max_tokens, run_unless_disconnected)
+
+DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
+
+
+def prompt_token_ids(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) for each prompt of the request."""
+    if isinstance(prompt, str):
+        prompts: list = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise APIError("The prompt is empty.", param="prompt")
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append((p, list(state.tokenizer.encode(p))))
+        else:
+            out.append((None, list(p)))
+    return out
+
+
+async def create_completion(state: ServerState, req: CompletionRequest, raw: Request) -> Any:
+    model = state.check_model(req.model)
+    if req.echo and req.logprobs is not None:
+        raise APIError("echo with logprobs is not supported.", param="echo")
+    prompts = prompt_token_ids(state, req.prompt)
+    request_id = random_id("cmpl")
+    engine_requests = []
+    for i, (_, ids) in enumerate(prompts):
+        check_prompt(state, ids)
+        requested = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+        max_tokens = resolve_max_tokens(state, requested, len(ids))
+        params = build_sampling_params(state, req, max_tokens=max_tokens, logprobs=req.logprobs)
+        engine_requests.append((f"{request_id}-{i}", {"prompt_token_ids": ids}, params))
+    try:
+        stream = await state.engine.add_requests(engine_requests)
+    except Exception as exc:
+        raise engine_error(exc) from exc
+    run = _CompletionRun(state, req, model, request_id, prompts)
+    if req.stream:
+        return StreamingResponse(run.events(stream), media_type="text/event-stream")
+    body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
+    return JSONResponse(body)
+
+
+class _CompletionRun:
+    """Bookkeeping of one completion call: its choices, indexed prompt * n + sample."""
+
+    def __init__(self, state: ServerState, req: CompletionRequest, model: str, request_id: str,
+                 prompts: list[tuple[str | None, list[int]]]) -> None:
+        self.req, self.model, self.id = req, model, request_id
+        self.prompts = prompts
+        self.fmt = LogprobFormatter(state.tokenizer)
+        self.tokenizer = state.tokenizer
+        self.choices = {i: ChoiceState(i) for i in range(len(prompts) * req.n)}
+        self.prompt_index = {f"{request_id}-{i}": i for i in range(len(prompts))}
+
+    def _echo(self, choice: ChoiceState) -> str:
+        text, ids = self.prompts[choice.index // self.req.n]
+        return text if text is not None else self.tokenizer.decode(ids)
+
+    def _apply(self, outputs: list[Any]) -> set[int]:
+        changed = set()
+        for out in outputs:
+            base = self.prompt_index[out.request_id] * self.req.n
+            for comp in out.outputs:
+                self.choices[base + comp.index].update(comp)
+                changed.add(base + comp.index)
+        return changed
+
+    def _usage(self) -> UsageInfo:
+        prompt = sum(len(ids) for _, ids in self.prompts)
+        completion = sum(len(c.token_ids) for c in self.choices.values())
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                         total_tokens=prompt + completion)
+
+    def _logprobs(self, c: ChoiceState, start: int, end: int, offset: int) -> Any:
+        if self.req.logprobs is None:
+            return None
+        return self.fmt.completion(c.token_ids[start:end], (c.logprobs or [])[start:end],
+                                   self.req.logprobs, offset)
+
+    async def collect(self, stream: OutputStream) -> dict:
+        async for outputs in stream:
+            self._apply(outputs)
+        choices = []
+        for c in self.choices.values():
+            text = (self._echo(c) if self.req.echo else "") + c.text
+            choices.append(CompletionChoice(
+                index=c.index, text=text, logprobs=self._logprobs(c, 0, len(c.token_ids), 0),
+                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        return CompletionResponse(id=self.id, model=self.model, choices=choices,
+                                  usage=self._usage()).model_dump()
+
+    async def events(self, stream: OutputStream) -> AsyncIterator[str]:
+        try:
+            if self.req.echo:
+                for c in self.choices.values():
+                    yield sse(CompletionChunk(id=self.id, model=self.model, choices=[
+                        CompletionChoice(index=c.index, text=self._echo(c))]))
+            async for outputs in stream:
+                for index in sorted(self._apply(outputs)):
+                    c = self.choices[index]
+                    if c.done:
+                        continue
+                    offset = c.sent_chars
+                    delta, start, end = c.take_delta()
+                    finished = c.finish_reason is not None
+                    if not delta and start == end and not finished:
+                        continue
+                    c.done = finished
+                    yield sse(CompletionChunk(id=self.id, model=self.model, choices=[CompletionChoice(
+                        index=index, text=delta, logprobs=self._logprobs(c, start, end, offset),
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
+            if self.req.include_usage:
+                yield sse(CompletionChunk(id=self.id, model=self.model, choices=[],
+                                          usage=self._usage()))
+        except APIError as err:
+            yield sse_error(err)
+        yield SSE_DONE

@@ -1,0 +1,222 @@
+"""What the completion and chat handlers share: server state, request checks, sampling parameters,
+per-choice streaming bookkeeping, and logprob formatting."""
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from nv_engine.server.engine_loop import AsyncEngine
+from nv_engine.server.errors import APIError
+from nv_engine.server.metrics import ServerMetrics
+from nv_engine.server.protocol import (ChatLogprobs, ChatLogprobToken, CompletionLogprobs,
+                                       SamplingRequest, TopLogprob)
+
+_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+                    "ignore_eos", "max_tokens", "min_tokens", "logprobs", "presence_penalty",
+                    "frequency_penalty", "repetition_penalty")
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: Any
+    sampling_params_cls: type
+    served_model_names: list[str]
+    model_path: str
+    max_model_len: int
+    max_n: int = 128
+    metrics: ServerMetrics | None = None
+    api_key: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        """The name to answer with; unknown names are a 400."""
+        if name is None or name in self.served_model_names:
+            return self.model_name if name is None else name
+        raise APIError(f"The model `{name}` does not exist. Served: {', '.join(self.served_model_names)}.",
+                       param="model", code="model_not_found")
+
+
+def check_prompt(state: ServerState, token_ids: list[int]) -> None:
+    if not token_ids:
+        raise APIError("The prompt is empty.", param="prompt")
+    if len(token_ids) >= state.max_model_len:
+        raise APIError(
+            f"This model's maximum context length is {state.max_model_len} tokens. However, your "
+            f"request has {len(token_ids)} input tokens, leaving no room for output. Please reduce "
+            f"the length of the input.", param="prompt", code="context_length_exceeded")
+
+
+def resolve_max_tokens(state: ServerState, requested: int | None, prompt_len: int,
+                       param: str = "max_tokens") -> int:
+    """The request's output budget; unset means "until the context is full" (as vLLM)."""
+    room = state.max_model_len - prompt_len
+    if requested is None:
+        return room
+    if requested > room:
+        raise APIError(
+            f"This model's maximum context length is {state.max_model_len} tokens. However, you "
+            f"requested {prompt_len + requested} tokens ({prompt_len} in the input, {requested} in "
+            f"the completion). Please reduce the length of the input or of the completion.",
+            param=param, code="context_length_exceeded")
+    return requested
+
+
+def build_sampling_params(state: ServerState, req: SamplingRequest, *, max_tokens: int,
+                          logprobs: int | None) -> Any:
+    if req.n > state.max_n:
+        raise APIError(f"n must be at most {state.max_n}, got {req.n}.", param="n")
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    kwargs = dict(
+        n=req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k in (None, -1) else req.top_k,   # vLLM spells "off" as -1, nv as 0
+        min_p=req.min_p,
+        seed=req.seed,
+        stop=stop or None,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        logprobs=logprobs,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+    )
+    try:
+        return state.sampling_params_cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise APIError(str(exc), param=guess_param(str(exc))) from exc
+
+
+def guess_param(message: str) -> str | None:
+    """The sampling field an engine error message names, if any."""
+    for name in sorted(_SAMPLING_FIELDS, key=len, reverse=True):
+        if re.search(rf"\b{name}\b", message):
+            return name
+    return None
+
+
+def engine_error(exc: BaseException) -> APIError:
+    """Map an exception from adding a request to the engine to an HTTP error."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, (ValueError, TypeError)):
+        return APIError(str(exc), param=guess_param(str(exc)))
+    return APIError(f"Internal error: {exc!r}", status=500)
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has sent so far; outputs carry the full text and tokens so far."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict] | None = None
+    sent_chars: int = 0
+    sent_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    done: bool = False           # finish chunk sent
+
+    def update(self, comp: Any) -> None:
+        self.text = comp.text
+        self.token_ids = list(comp.token_ids)
+        self.logprobs = comp.logprobs
+        if comp.finish_reason is not None:
+            self.finish_reason = str(getattr(comp.finish_reason, "value", comp.finish_reason))
+            self.stop_reason = comp.stop_reason
+
+    def take_delta(self) -> tuple[str, int, int]:
+        """(new text, first new token, end token) since the last call."""
+        delta = self.text[self.sent_chars:]
+        start, end = self.sent_tokens, len(self.token_ids)
+        self.sent_chars = max(self.sent_chars, len(self.text))
+        self.sent_tokens = end
+        return delta, start, end
+
+
+class LogprobFormatter:
+    """Turns the engine's per-token {token_id: Logprob} dicts into OpenAI's shapes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._decode = lru_cache(maxsize=65536)(lambda tid: tokenizer.decode([tid]))
+
+    def token_str(self, token_id: int, lp: Any) -> str:
+        decoded = getattr(lp, "decoded_token", None)
+        return decoded if decoded is not None else self._decode(token_id)
+
+    def _top(self, entry: dict, k: int) -> list[tuple[int, Any]]:
+        ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)
+        return ranked[:k]
+
+    def chat(self, token_ids: list[int], logprobs: list[dict] | None, k: int) -> ChatLogprobs:
+        content = []
+        for tid, entry in zip(token_ids, logprobs or ()):
+            chosen = entry.get(tid)
+            tok = self.token_str(tid, chosen)
+            tops = [TopLogprob(token=(s := self.token_str(t, lp)), logprob=_finite(lp.logprob),
+                               bytes=list(s.encode("utf-8"))) for t, lp in self._top(entry, k)]
+            content.append(ChatLogprobToken(
+                token=tok, logprob=_finite(chosen.logprob if chosen is not None else float("-inf")),
+                bytes=list(tok.encode("utf-8")), top_logprobs=tops))
+        return ChatLogprobs(content=content)
+
+    def completion(self, token_ids: list[int], logprobs: list[dict] | None, k: int,
+                   text_offset: int) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        offset = text_offset
+        for tid, entry in zip(token_ids, logprobs or ()):
+            chosen = entry.get(tid)
+            tok = self.token_str(tid, chosen)
+            out.tokens.append(tok)
+            out.token_logprobs.append(_finite(chosen.logprob) if chosen is not None else None)
+            out.top_logprobs.append({self.token_str(t, lp): _finite(lp.logprob)
+                                     for t, lp in self._top(entry, k)})
+            out.text_offset.append(offset)
+            offset += len(tok)
+        return out
+
+
+def _finite(x: float) -> float:
+    # JSON has no -inf; OpenAI clients expect a number
+    return max(float(x), -9999.0)
+
+
+async def wait_for_disconnect(receive: Any) -> None:
+    """Returns when the client closes the connection (the body was read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_unless_disconnected(coro: Any, receive: Any, on_disconnect: Any) -> Any:
+    """Await `coro`; if the client disconnects first, cancel it, call `on_disconnect()` (which
+    aborts the engine requests) and raise APIError 499."""
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    if work in done:
+        return work.result()
+    try:
+        await work
+    except (asyncio.CancelledError, Exception):
+        pass
+    on_disconnect()
+    raise APIError("The client disconnected.", status=499)
