@@ -1,0 +1,39 @@
+"""Thin wrapper over the flash-attn package (used only when it is importable, on CUDA)."""
+from __future__ import annotations
+
+import torch
+from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+from torch import Tensor
+
+from nv_kernels.interface import check_query, check_store
+from nv_kernels.triton_store import store_kvcache as triton_store_kvcache
+
+
+class FlashAttnBackend:
+    """flash_attn_varlen_func (prefill over a paged cache) and flash_attn_with_kvcache (decode)."""
+
+    name = "flash_attn"
+
+    def store_kvcache(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        check_store(key, value, k_cache, v_cache, slot_mapping)
+        triton_store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+
+    def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, cu_seqlens_q: Tensor,
+                seq_lens: Tensor, block_tables: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                scale: float) -> Tensor:
+        check_query(q, k_cache, v_cache)
+        cu_seqlens_k = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=q.device)
+        cu_seqlens_k[1:] = seq_lens.cumsum(0)
+        return flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q,
+                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                      max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=True,
+                                      block_table=block_tables)
+
+    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor,
+               block_tables: Tensor, max_seqlen_k: int, scale: float) -> Tensor:
+        check_query(q, k_cache, v_cache)
+        out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=seq_lens,
+                                      block_table=block_tables, softmax_scale=scale, causal=True)
+        return out.squeeze(1)  # [B, Hq, D]

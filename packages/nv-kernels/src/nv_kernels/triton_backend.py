@@ -1,0 +1,82 @@
+"""The Triton backend (GPU default). On CPU it runs only under TRITON_INTERPRET=1 (tests)."""
+from __future__ import annotations
+
+import os
+
+from torch import Tensor
+
+from nv_kernels.interface import check_query, check_store
+from nv_kernels.triton_decode import decode_attention
+from nv_kernels.triton_prefill import prefill_attention
+from nv_kernels.triton_store import store_kvcache
+
+
+def _check_device(*tensors: Tensor) -> None:
+    device = tensors[0].device
+    for t in tensors:
+        if t.device != device:
+            raise ValueError(f"all tensors must be on one device, got {device} and {t.device}")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"the triton backend needs CUDA tensors (got {device}); "
+                         "set TRITON_INTERPRET=1 to interpret on CPU")
+
+
+def _check_cache_layout(k_cache: Tensor, v_cache: Tensor) -> None:
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache need equal strides and a contiguous head_dim")
+
+
+def _last_dim_contiguous(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class TritonBackend:
+    """store_kvcache, split-KV paged decode and varlen paged prefill written in Triton."""
+
+    name = "triton"
+
+    def store_kvcache(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        check_store(key, value, k_cache, v_cache, slot_mapping)
+        _check_device(key, value, k_cache, v_cache, slot_mapping)
+        _check_cache_layout(k_cache, v_cache)
+        store_kvcache(_last_dim_contiguous(key), _last_dim_contiguous(value), k_cache, v_cache,
+                      slot_mapping.contiguous())
+
+    def prefill(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        *,
+        cu_seqlens_q: Tensor,
+        seq_lens: Tensor,
+        block_tables: Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        scale: float,
+    ) -> Tensor:
+        check_query(q, k_cache, v_cache)
+        _check_device(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables)
+        _check_cache_layout(k_cache, v_cache)
+        return prefill_attention(_last_dim_contiguous(q), k_cache, v_cache, cu_seqlens_q.contiguous(),
+                                 seq_lens.contiguous(), _last_dim_contiguous(block_tables),
+                                 max_seqlen_q, scale)
+
+    def decode(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        *,
+        seq_lens: Tensor,
+        block_tables: Tensor,
+        max_seqlen_k: int,
+        scale: float,
+    ) -> Tensor:
+        check_query(q, k_cache, v_cache)
+        _check_device(q, k_cache, v_cache, seq_lens, block_tables)
+        _check_cache_layout(k_cache, v_cache)
+        return decode_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
+                                _last_dim_contiguous(block_tables), max_seqlen_k, scale)

@@ -1,0 +1,185 @@
+"""Paged decode attention in Triton: split-KV (flash-decoding) with GQA heads packed into tile rows.
+
+Stage 1: one program per (sequence, KV head, split). The Hq/Hkv query heads that share the KV head
+are the rows of one tile, so every KV byte is read once for all of them. Each split covers
+cdiv(seq_len, NUM_SPLITS) tokens of its own sequence (read in-kernel), so the launch grid depends
+only on (B, Hkv, NUM_SPLITS): CUDA-graph safe. Stage 2 merges the splits by log-sum-exp.
+Ideas from SGLang / LightLLM two-stage decode and vLLM's triton_unified_attention (no code copied).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+LOG2E = 1.4426950408889634
+_empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
+
+
+@triton.jit
+def _load_kv_tile(cache, table_row, n0, n, n_mask, kv_head, d, d_mask,
+                  stride_cb, stride_cs, stride_ch,
+                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """Tokens n (= n0 + arange(TILE)) of one sequence's KV head -> [TILE, D_PAD]."""
+    if BLOCK_SIZE % TILE == 0:
+        # The tile lies inside one page (n0 is a multiple of TILE, TILE divides BLOCK_SIZE).
+        page = tl.load(table_row + n0 // BLOCK_SIZE).to(tl.int64)
+        base = cache + page * stride_cb + (n0 % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        offs = (n - n0)[:, None] * stride_cs + d[None, :]
+    else:
+        page = tl.load(table_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)  # [TILE]
+        base = cache + kv_head * stride_ch
+        offs = page[:, None] * stride_cb + (n % BLOCK_SIZE)[:, None] * stride_cs + d[None, :]
+    return tl.load(base + offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, qk_scale,
+    stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb, stride_ob, stride_oh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SEQ_LENS + b)
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE) * TILE
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    rows = tl.arange(0, GROUP_PAD)
+    row_mask = rows < GROUP
+    heads = kv_head * GROUP + rows  # [GP]
+    d = tl.arange(0, D_PAD)
+    d_mask = d < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [GP, D]
+    table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    for n0 in range(start, end, TILE):
+        n = n0 + tl.arange(0, TILE)
+        n_mask = n < end
+        k = _load_kv_tile(K, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
+                          stride_ch, BLOCK_SIZE, TILE)  # [TILE, D]
+        v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
+                          stride_ch, BLOCK_SIZE, TILE)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TILE], log2 units
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / safe_l[:, None]  # [GP, D]; zero for an empty split or seq_len 0
+    out_mask = row_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(OUT.dtype.element_ty), mask=out_mask)
+    else:
+        lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))  # [GP]
+        part = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [GP] rows of [B, Hq, S]
+        tl.store(PART_LSE + part, lse, mask=row_mask)
+        tl.store(PART_O + part[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    PART_O, PART_LSE, OUT, stride_ob, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, D_PAD)
+    row = (b * NUM_Q_HEADS + head) * NUM_SPLITS + s  # [S]
+    lse = tl.load(PART_LSE + row, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # [S]; 0 for empty splits
+    o = tl.load(PART_O + row[:, None] * HEAD_DIM + d[None, :],
+                mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)  # [S, D]
+    total = tl.sum(w, 0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(OUT + b * stride_ob + head * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# Tunables (set by scripts/bench_decode_attention.py measurements on the H200).
+PROGRAMS_PER_SM = 4  # stage-1 programs wanted per SM before splitting stops
+MIN_TOKENS_PER_SPLIT = 256  # a split should stream at least this much context
+MAX_SPLITS = 32
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> int:
+    """Splits per sequence from static facts only (never runtime seq_lens): CUDA-graph safe."""
+    programs = max(1, batch * num_kv_heads)
+    wanted = -(-PROGRAMS_PER_SM * num_sms // programs)
+    by_length = max(1, max_seqlen_k // MIN_TOKENS_PER_SPLIT)
+    splits = max(1, min(wanted, by_length, MAX_SPLITS))
+    return 1 << (splits.bit_length() - 1)  # a power of two: fewer kernel variants
+
+
+def choose_tile(block_size: int, head_dim: int) -> int:
+    """Tokens per KV tile: a whole page when it is small, else a slice of it."""
+    cap = 64 if head_dim <= 64 else 32
+    if block_size >= 16 and block_size & (block_size - 1) == 0:
+        return min(block_size, cap)
+    return 16  # gathered tokens from several (or odd-sized) pages
+
+
+def decode_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor, block_tables: Tensor,
+    max_seqlen_k: int, scale: float, *, num_splits: int | None = None, tile: int | None = None,
+    num_warps: int | None = None, num_stages: int | None = None,
+) -> Tensor:
+    """q [B, Hq, D], caches [NB, BS, Hkv, D] -> [B, Hq, D]. Keyword tunables are for benchmarks."""
+    batch, hq, head_dim = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    out = _empty(q.shape, dtype=q.dtype, device=q.device)  # [B, Hq, D]
+    if batch == 0:
+        return out
+    group = hq // hkv
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, hkv, max_seqlen_k, _num_sms(q.device))
+    tile = tile or choose_tile(block_size, head_dim)
+    d_pad = triton.next_power_of_2(head_dim)
+    if num_splits > 1:
+        part_o = _empty((batch, hq, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = _empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # unused
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _decode_split_kernel[(batch, hkv, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse, scale * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
+        BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
+        num_warps=num_warps or 4, num_stages=num_stages or 3,
+    )
+    if num_splits > 1:
+        _decode_merge_kernel[(batch, hq)](
+            part_o, part_lse, out, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=hq, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=num_splits,
+            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+        )
+    return out

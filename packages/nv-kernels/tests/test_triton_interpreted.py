@@ -1,0 +1,124 @@
+"""Triton kernels under TRITON_INTERPRET=1 on CPU against the torch reference (small shapes).
+
+Triton decides interpretation when a kernel is defined, so the kernel modules are imported inside a
+module-scoped fixture with the variable set (and the variable is restored afterwards).
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+from nv_kernels.testing import PagedBatch, random_paged_batch, relative_error
+from nv_kernels.torch_backend import TorchBackend
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+REF = TorchBackend()
+TOL = 1e-5  # fp32 on the interpreter
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Iterator[dict[str, ModuleType]]:
+    with pytest.MonkeyPatch.context() as mp:
+        if "nv_kernels.triton_decode" in sys.modules and "TRITON_INTERPRET" not in __import__("os").environ:
+            pytest.skip("triton kernels were already compiled for the GPU in this process")
+        mp.setenv("TRITON_INTERPRET", "1")
+        import nv_kernels.triton_backend as backend
+        import nv_kernels.triton_decode as decode
+
+        yield {"backend": backend, "decode": decode}
+
+
+@pytest.fixture()
+def poisoned(kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every output and workspace the kernels allocate starts as NaN."""
+    def nan_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.full(*args, fill_value=float("nan"), **kwargs)
+
+    monkeypatch.setattr(kernels["decode"], "_empty", nan_empty)
+
+
+def _batch(seq_lens: list[int], q_lens: list[int], heads: tuple[int, int], block_size: int,
+           head_dim: int = 16, seed: int = 0) -> PagedBatch:
+    return random_paged_batch(seq_lens, q_lens, num_q_heads=heads[0], num_kv_heads=heads[1],
+                              head_dim=head_dim, block_size=block_size, seed=seed)
+
+
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 2)])
+@pytest.mark.parametrize("block_size,num_splits,tile", [(4, 1, None), (16, 4, None), (32, 2, 16), (1, 3, None)])
+def test_decode_matches_reference(kernels: dict, poisoned: None, heads: tuple[int, int], block_size: int,
+                                  num_splits: int, tile: int | None) -> None:
+    seq_lens = [1, 37, 16, 70, 5]  # partial last blocks, a single token, exact pages
+    b = _batch(seq_lens, [1] * len(seq_lens), heads, block_size, seed=block_size)
+    out = kernels["decode"].decode_attention(b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables,
+                                             max_seqlen_k=128, scale=0.25, num_splits=num_splits, tile=tile)
+    ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+                     max_seqlen_k=128, scale=0.25)
+    assert relative_error(out, ref) < TOL
+
+
+def test_decode_zero_length_rows_do_not_fault(kernels: dict, poisoned: None) -> None:
+    b = _batch([9, 3, 20], [1, 1, 1], (4, 2), 4)
+    seq_lens = torch.tensor([9, 0, 20], dtype=torch.int32)
+    for splits in (1, 4):
+        out = kernels["decode"].decode_attention(b.q, b.k_cache, b.v_cache, seq_lens, b.block_tables,
+                                                 max_seqlen_k=32, scale=0.5, num_splits=splits)
+        ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=seq_lens, block_tables=b.block_tables,
+                         max_seqlen_k=32, scale=0.5)
+        keep = torch.tensor([0, 2])
+        assert relative_error(out[keep], ref[keep]) < TOL
+
+
+def test_decode_through_backend_default_splits(kernels: dict, poisoned: None) -> None:
+    b = _batch([3, 50], [1, 1], (4, 1), 16, head_dim=8)  # B*Hkv = 2 programs: the default splits
+    out = kernels["backend"].TritonBackend().decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens,
+                                                    block_tables=b.block_tables, max_seqlen_k=4096, scale=1.0)
+    ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+                     max_seqlen_k=64, scale=1.0)
+    assert kernels["decode"].choose_num_splits(2, 1, 4096, 4) > 1
+    assert relative_error(out, ref) < TOL
+
+
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 2)])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_prefill_matches_reference(kernels: dict, poisoned: None, heads: tuple[int, int], block_size: int) -> None:
+    seq_lens = [1, 40, 23, 16, 7]
+    q_lens = [1, 40, 5, 1, 7]  # fresh prompts, a cached prefix (chunked prefill), a decode row
+    b = _batch(seq_lens, q_lens, heads, block_size, seed=block_size + 7)
+    kw = dict(cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, block_tables=b.block_tables,
+              max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, scale=0.3)
+    out = kernels["backend"].TritonBackend().prefill(b.q, b.k_cache, b.v_cache, **kw)
+    ref = REF.prefill(b.q, b.k_cache, b.v_cache, **kw)
+    assert relative_error(out, ref) < TOL
+
+
+def test_store_then_attend(kernels: dict, poisoned: None) -> None:
+    """store_kvcache writes the new tokens (strided views of a fused qkv, padding slots -1)."""
+    hq, hkv, d, bs = 4, 2, 16, 4
+    b = _batch([6, 11], [6, 3], (hq, hkv), bs, seed=5)
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(b.q.shape[0] + 1, (hq + 2 * hkv) * d, generator=gen)  # last row is padding
+    key = qkv[:, hq * d:(hq + hkv) * d].view(-1, hkv, d)
+    value = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
+    slots = torch.cat([b.slot_mapping, torch.tensor([-1])]).to(torch.int32)
+    backend = kernels["backend"].TritonBackend()
+    k_ref, v_ref = b.k_cache.clone(), b.v_cache.clone()
+    REF.store_kvcache(key, value, k_ref, v_ref, slots)
+    backend.store_kvcache(key, value, b.k_cache, b.v_cache, slots)
+    assert torch.equal(b.k_cache, k_ref) and torch.equal(b.v_cache, v_ref)
+    kw = dict(cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, block_tables=b.block_tables,
+              max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, scale=0.25)
+    out = backend.prefill(b.q, b.k_cache, b.v_cache, **kw)
+    assert relative_error(out, REF.prefill(b.q, k_ref, v_ref, **kw)) < TOL
+
+
+def test_cpu_tensors_need_the_interpreter(kernels: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    b = _batch([3], [1], (2, 2), 4)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        kernels["backend"].TritonBackend().decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens,
+                                                  block_tables=b.block_tables, max_seqlen_k=4, scale=1.0)
