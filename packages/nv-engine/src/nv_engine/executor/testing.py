@@ -1,0 +1,111 @@
+"""A fake runner for executor tests (importable in spawned workers and torchrun ranks).
+
+Every method that should run on all ranks does an all_reduce, so a rank that skipped the call
+would hang the others, and the returned sums prove every rank ran it.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    tensor_parallel_size: int = 2
+    device: str = "cpu"
+    tag: int = 0                 # lets a test tell two executors apart
+    fail_init_rank: int = -1     # this rank raises in __init__
+
+
+def _sum(value: float) -> float:
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.item()
+
+
+class FakeRunner:
+    def __init__(self, config: FakeConfig, rank: int) -> None:
+        if rank == config.fail_init_rank:
+            raise ValueError(f"fake init failure on rank {rank}")
+        self.config, self.rank, self.num_calls = config, rank, 0
+
+    def rank_sum(self) -> float:
+        """sum over ranks of (rank + 1) + tag * world: 3 + 2*tag at TP=2."""
+        self.num_calls += 1
+        return _sum(self.rank + 1 + self.config.tag)
+
+    def calls_sum(self) -> float:
+        return _sum(self.num_calls)
+
+    def nbytes_sum(self, blob: bytes) -> float:
+        """every rank's len(blob), summed: world * len when every rank got the whole message."""
+        return _sum(len(blob))
+
+    def echo(self, value: Any) -> Any:
+        _sum(0)
+        return value
+
+    def noop(self, step: Any = None) -> None:
+        return None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def raise_on(self, rank: int, before_collective: bool = True) -> float:
+        if before_collective and self.rank == rank:
+            raise ValueError(f"fake failure on rank {rank}")
+        total = _sum(1)
+        if self.rank == rank:
+            raise ValueError(f"fake failure on rank {rank} after the collective")
+        return total
+
+    def exit_on(self, rank: int, code: int = 7) -> float:
+        if self.rank == rank:
+            os._exit(code)
+        return _sum(1)   # the others block here until they notice the dead peer
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return _sum(1)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def decode_step_input(num_seqs: int = 256, blocks_per_seq: int = 64, seed: int = 0) -> dict:
+    """A stand-in for a decode StepInput of `num_seqs` sequences (numpy arrays, as the engine sends)."""
+    rng = np.random.default_rng(seed)
+    return {
+        "token_ids": rng.integers(0, 151_000, num_seqs, dtype=np.int64),
+        "positions": rng.integers(0, 4096, num_seqs, dtype=np.int64),
+        "seq_lens": rng.integers(1, 4096, num_seqs, dtype=np.int32),
+        "slot_mapping": rng.integers(0, 1 << 20, num_seqs, dtype=np.int64),
+        "block_tables": rng.integers(0, 1 << 16, (num_seqs, blocks_per_seq), dtype=np.int32),
+        "temperatures": np.zeros(num_seqs, dtype=np.float32),
+        "top_k": np.zeros(num_seqs, dtype=np.int32),
+        "top_p": np.ones(num_seqs, dtype=np.float32),
+        "seeds": rng.integers(0, 1 << 62, num_seqs, dtype=np.int64),
+        "seq_ids": list(range(num_seqs)),
+        "is_decode": True,
+    }
+
+
+def measure_call_latency(executor: Any, message: Any, iters: int = 200) -> dict[str, float]:
+    """Round-trip time of executor.call('noop', message) (send, run, acks), in microseconds."""
+    for _ in range(10):
+        executor.call("noop", message)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        executor.call("noop", message)
+        times.append((time.perf_counter() - start) * 1e6)
+    times.sort()
+    return {"median_us": times[len(times) // 2], "p90_us": times[int(len(times) * 0.9)],
+            "min_us": times[0]}

@@ -1,0 +1,69 @@
+"""TorchrunExecutor: every rank (a process started by torchrun) runs the whole engine in lockstep.
+
+The engine on each rank makes the same scheduler decisions from the same inputs and seeds, so
+no control channel is needed: `call` runs the local runner and the collectives inside it pair up
+across ranks. torch.distributed uses the env:// rendezvous torchrun provides (MASTER_ADDR/PORT,
+RANK, WORLD_SIZE), so the group can span machines. Only rank 0 (`is_driver`) should print.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import weakref
+from typing import Any
+
+import torch.distributed as dist
+
+from nv_engine.executor.base import Executor, register_in_process_runner
+from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, backend_for, destroy_group,
+                                            keep_nvls_off, resolve_runner_cls, set_cuda_device)
+from nv_engine.executor.uniproc import _close_runner
+
+
+def _close(holder: list, owns_group: bool) -> None:
+    _close_runner(holder)
+    if owns_group:
+        destroy_group()
+
+
+class TorchrunExecutor(Executor):
+    def __init__(self, config: Any, runner_cls: Any = None, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        try:
+            world_size = int(os.environ["WORLD_SIZE"])
+            rank = int(os.environ["RANK"])
+            local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        except (KeyError, ValueError) as exc:
+            raise ValueError("TorchrunExecutor needs WORLD_SIZE and RANK in the environment "
+                             "(start the script with torchrun)") from exc
+        if config.tensor_parallel_size != world_size:
+            raise ValueError(f"under torchrun tensor_parallel_size must equal WORLD_SIZE: got "
+                             f"tensor_parallel_size={config.tensor_parallel_size}, WORLD_SIZE={world_size}")
+        cls = resolve_runner_cls(runner_cls)
+        self.rank, self.world_size = rank, world_size
+        keep_nvls_off()
+        set_cuda_device(config.device, local_rank)
+        owns_group = not dist.is_initialized()
+        if owns_group:
+            dist.init_process_group(backend_for(config.device), init_method="env://", rank=rank,
+                                    world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        elif dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise ValueError("torch.distributed is initialised with a different rank / world size "
+                             "than RANK / WORLD_SIZE")
+        runner = cls(config, rank)
+        register_in_process_runner(+1)
+        self._holder = [runner]
+        self._finalizer = weakref.finalize(self, _close, self._holder, owns_group)
+
+    @property
+    def runner(self) -> Any:
+        if not self._holder:
+            raise RuntimeError("executor is shut down")
+        return self._holder[0]
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.runner, method)(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        self._finalizer()
