@@ -1,0 +1,151 @@
+"""Tensor-parallel linear layers (Megatron-style column / row split; design after nano-vllm / vLLM).
+
+Every Parameter carries `weight_loader(param, loaded_weight, shard_id=None)` that copies this rank's
+shard of a checkpoint tensor (a torch tensor or a lazy safetensors slice) into the parameter.
+Weights are [out, in] like nn.Linear.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
+from nv_layers.weights import WeightLike, copy_checked, read_full, read_shard
+
+
+class LinearBase(nn.Module):
+    """Holds weight [out_local, in_local] and optional bias [out_local]; y = x W^T + b."""
+
+    def __init__(self, in_local: int, out_local: int, bias: bool) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.weight = nn.Parameter(torch.empty(out_local, in_local), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_local), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
+        raise NotImplementedError
+
+
+class ReplicatedLinear(LinearBase):
+    """The full layer on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
+        copy_checked(param.data, read_full(loaded_weight), "ReplicatedLinear")
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; no communication (the output stays sharded)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        out_local = divide(output_size, get_tp_size(), "output size of a column-parallel layer")
+        super().__init__(input_size, out_local, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
+        size = param.shape[0]
+        copy_checked(param.data, read_shard(loaded_weight, 0, self.tp_rank * size, size), "ColumnParallelLinear")
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel layers side by side (e.g. gate and up); shard ids 0, 1, ..."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        tp = get_tp_size()
+        self.local_sizes = [divide(s, tp, "output size of a merged column-parallel layer") for s in output_sizes]
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
+        if shard_id is None:  # an already fused checkpoint tensor: split it into its parts
+            full = read_full(loaded_weight)
+            starts = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes))]
+            for i, (start, size) in enumerate(zip(starts, self.output_sizes)):
+                self.weight_loader(param, full.narrow(0, start, size), i)
+            return
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):
+            raise ValueError(f"MergedColumnParallelLinear: shard id {shard_id!r} not in 0..{len(self.local_sizes) - 1}")
+        size = self.local_sizes[shard_id]
+        dst = param.data.narrow(0, sum(self.local_sizes[:shard_id]), size)
+        copy_checked(dst, read_shard(loaded_weight, 0, self.tp_rank * size, size), f"merged shard {shard_id}")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection split by heads; shard ids "q", "k", "v".
+
+    Local output layout: [q heads of this rank | k heads | v heads]. When there are fewer KV heads
+    than ranks, each KV head is replicated on tp_size // num_kv_heads ranks (as vLLM does).
+    """
+
+    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
+                 total_num_kv_heads: int, bias: bool = False) -> None:
+        tp = get_tp_size()
+        self.head_size = head_size
+        self.total_num_heads, self.total_num_kv_heads = total_num_heads, total_num_kv_heads
+        self.num_heads = divide(total_num_heads, tp, "num_attention_heads")
+        if total_num_kv_heads >= tp:
+            self.num_kv_heads = divide(total_num_kv_heads, tp, "num_key_value_heads")
+            self.kv_replicas = 1
+        else:
+            if tp % total_num_kv_heads != 0:
+                raise ValueError(f"the tensor-parallel size ({tp}) is not a multiple of num_key_value_heads "
+                                 f"({total_num_kv_heads})")
+            self.num_kv_heads, self.kv_replicas = 1, tp // total_num_kv_heads
+        self.q_size = self.num_heads * head_size
+        self.kv_size = self.num_kv_heads * head_size
+        out_total = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp
+        super().__init__(hidden_size, out_total, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
+        if shard_id is None:  # an already fused checkpoint tensor [q_total | k_total | v_total]
+            full = read_full(loaded_weight)
+            q_total = self.total_num_heads * self.head_size
+            kv_total = self.total_num_kv_heads * self.head_size
+            for sid, start, size in (("q", 0, q_total), ("k", q_total, kv_total), ("v", q_total + kv_total, kv_total)):
+                self.weight_loader(param, full.narrow(0, start, size), sid)
+            return
+        kv_rank = self.tp_rank // self.kv_replicas
+        layout = {"q": (0, self.q_size, self.tp_rank * self.q_size),
+                  "k": (self.q_size, self.kv_size, kv_rank * self.kv_size),
+                  "v": (self.q_size + self.kv_size, self.kv_size, kv_rank * self.kv_size)}
+        if shard_id not in layout:
+            raise ValueError(f"QKVParallelLinear: shard id {shard_id!r} is not 'q', 'k' or 'v'")
+        offset, size, src_start = layout[shard_id]
+        dst = param.data.narrow(0, offset, size)
+        copy_checked(dst, read_shard(loaded_weight, 0, src_start, size), f"qkv shard {shard_id}")
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks (input already sharded); outputs summed by all-reduce.
+
+    The bias is replicated and added once, after the all-reduce.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        in_local = divide(input_size, get_tp_size(), "input size of a row-parallel layer")
+        super().__init__(in_local, output_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = tp_all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
+        if param.dim() == 1:  # bias: full copy on every rank
+            copy_checked(param.data, read_full(loaded_weight), "RowParallelLinear bias")
+            return
+        size = param.shape[1]
+        copy_checked(param.data, read_shard(loaded_weight, 1, self.tp_rank * size, size), "RowParallelLinear")
+
+
+__all__ = ["LinearBase", "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear",
+           "QKVParallelLinear", "RowParallelLinear"]

@@ -1,0 +1,114 @@
+"""Load HF safetensors checkpoints into nv models (idea: nano-vllm's loader + packed-module map).
+
+Checkpoint names map to parameters one to one, except those in `model.packed_modules_mapping`
+({"q_proj": ("qkv_proj", "q"), ...}), which load as shards of a fused parameter. Parameters built by
+nv_layers read only this rank's shard from disk (lazy safetensors slices).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from nv_layers.embedding import VocabParallelEmbedding
+from nv_layers.linear import LinearBase
+from nv_layers.weights import default_weight_loader
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)    # old checkpoints store rope buffers
+_MAX_LISTED = 20
+
+
+def _resolve(name: str, packed: dict, params: dict) -> tuple[str, object] | None:
+    """Checkpoint name -> (parameter name, shard id or None), or None when nothing takes it."""
+    if name in params:
+        return name, None
+    parts = name.split(".")
+    for ckpt_part, (fused_part, shard_id) in packed.items():
+        if ckpt_part in parts:
+            fused = ".".join(fused_part if p == ckpt_part else p for p in parts)
+            if fused in params:
+                return fused, shard_id
+    return None
+
+
+def _expected_shards(param_name: str, packed: dict) -> dict[object, str]:
+    """For a fused parameter: shard id -> checkpoint name that fills it; {} for plain parameters."""
+    parts = param_name.split(".")
+    shards = {}
+    for ckpt_part, (fused_part, shard_id) in packed.items():
+        if fused_part in parts:
+            shards[shard_id] = ".".join(ckpt_part if p == fused_part else p for p in parts)
+    return shards
+
+
+def _lazy_ok(loader: Callable) -> bool:
+    owner = getattr(loader, "__self__", None)
+    return loader is default_weight_loader or isinstance(owner, (LinearBase, VocabParallelEmbedding))
+
+
+def _listing(names: set[str]) -> str:
+    shown = sorted(names)[:_MAX_LISTED]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" (and {more} more)" if more else "")
+
+
+def load_safetensors(model: nn.Module, path: str | Path) -> None:
+    """Load every *.safetensors file in `path` into `model`; ValueError on missing / unexpected names."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {path}")
+    packed: dict = getattr(model, "packed_modules_mapping", {}) or {}
+    params = dict(model.named_parameters())                       # tied duplicates appear once
+    aliases = set(dict(model.named_parameters(remove_duplicate=False))) - set(params)
+
+    plan: list[tuple[Path, str, str, object]] = []                 # (file, ckpt name, param, shard)
+    unexpected: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name in aliases or name.endswith(IGNORED_SUFFIXES):
+                    continue
+                target = _resolve(name, packed, params)
+                if target is None:
+                    unexpected.add(name)
+                else:
+                    plan.append((file, name, *target))
+
+    loaded: dict[str, set] = {}
+    for _, _, param_name, shard_id in plan:
+        loaded.setdefault(param_name, set()).add(shard_id)
+    missing: set[str] = set()
+    for param_name in params:
+        shards = _expected_shards(param_name, packed)
+        got = loaded.get(param_name, set())
+        if None in got:
+            continue
+        if not shards:
+            missing.add(param_name)
+        else:
+            missing.update(ckpt for sid, ckpt in shards.items() if sid not in got)
+    if missing or unexpected:
+        problems = []
+        if missing:
+            problems.append(f"missing weights: {_listing(missing)}")
+        if unexpected:
+            problems.append(f"unexpected weights: {_listing(unexpected)}")
+        raise ValueError(f"checkpoint {path} does not match the model; " + "; ".join(problems))
+
+    by_file: dict[Path, list[tuple[str, str, object]]] = {}
+    for file, name, param_name, shard_id in plan:
+        by_file.setdefault(file, []).append((name, param_name, shard_id))
+    with torch.no_grad():
+        for file, entries in by_file.items():
+            with safe_open(str(file), framework="pt") as f:
+                for name, param_name, shard_id in entries:
+                    param = params[param_name]
+                    loader = getattr(param, "weight_loader", default_weight_loader)
+                    weight = f.get_slice(name) if _lazy_ok(loader) else f.get_tensor(name)
+                    if shard_id is None:
+                        loader(param, weight)
+                    else:
+                        loader(param, weight, shard_id)

@@ -1,0 +1,129 @@
+"""Shared fixtures: tiny random HF checkpoints written offline with transformers.
+
+Fixtures (all session-scoped, files written once per test session, read-only for tests):
+
+- `make_tiny_checkpoint(arch="qwen3", *, seed=0, max_shard_size=None, with_tokenizer=True,
+  **config_overrides) -> Path`: a factory. `arch` is "qwen3" (Qwen3ForCausalLM) or "qwen2"
+  (Qwen2ForCausalLM). `config_overrides` go to `Qwen3Config(...)` / `Qwen2Config(...)` (e.g.
+  `tie_word_embeddings=False`, `num_hidden_layers=3`, `rope_scaling=...`). `max_shard_size="40KB"`
+  splits the weights over several *.safetensors files (with an index json). Same arguments, same dir.
+- `tiny_qwen3_dir`: Qwen3, tied embeddings (like Qwen3-0.6B).
+- `tiny_qwen3_untied_dir`: Qwen3, untied lm_head.
+- `tiny_qwen2_dir`: Qwen2 (q/k/v bias), untied.
+
+Every checkpoint holds config.json, generation_config.json, model.safetensors (fp32) and, unless
+`with_tokenizer=False`, a byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json with a
+ChatML chat template; special tokens <|endoftext|> (eos, pad), <|im_start|>, <|im_end|>).
+Default shape (TINY_DEFAULTS): vocab 384, hidden 64, 2 layers, 4 query heads, 2 KV heads, head_dim 16,
+intermediate 128, max_position_embeddings 512; every TP size in {1, 2} divides it. Weights are
+random with std 0.1, and RMSNorm weights / biases are randomised too (HF would init them to 1 / 0),
+so a wrongly loaded norm or bias shows up in the logits. Load the HF reference with
+`AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)`.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TINY_DEFAULTS = dict(
+    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    rms_norm_eps=1e-6, initializer_range=0.1, bos_token_id=None,
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.", "Hello, world! How are you today?",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "def main():\n    print('hello')\n", "1 2 3 4 5 6 7 8 9 10", "Tensor parallel layers split weights.",
+] * 4
+
+
+def _build_tokenizer(out_dir: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 16, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+
+
+def _write_checkpoint(out_dir: Path, arch: str, seed: int, max_shard_size: str | None,
+                      with_tokenizer: bool, overrides: dict) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    classes = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if arch not in classes:
+        raise ValueError(f"arch must be one of {sorted(classes)}, not {arch!r}")
+    config_cls, model_cls = classes[arch]
+    kwargs = dict(TINY_DEFAULTS)
+    if arch == "qwen3":
+        kwargs["head_dim"] = 16
+        kwargs["tie_word_embeddings"] = True
+    kwargs.update(overrides)
+    if with_tokenizer:
+        _build_tokenizer(out_dir, kwargs["vocab_size"])
+        tok_cfg = json.loads((out_dir / "tokenizer.json").read_text())
+        eos = next(t["id"] for t in tok_cfg["added_tokens"] if t["content"] == "<|endoftext|>")
+        kwargs.setdefault("eos_token_id", eos)
+        kwargs.setdefault("pad_token_id", eos)
+    config = config_cls(**kwargs)
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn(param.shape, generator=gen))
+    save_kwargs = {"safe_serialization": True}
+    if max_shard_size:
+        save_kwargs["max_shard_size"] = max_shard_size
+    model.save_pretrained(out_dir, **save_kwargs)
+
+
+@pytest.fixture(scope="session")
+def make_tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    made: dict[str, Path] = {}
+
+    def make(arch: str = "qwen3", *, seed: int = 0, max_shard_size: str | None = None,
+             with_tokenizer: bool = True, **config_overrides) -> Path:
+        key = json.dumps([arch, seed, max_shard_size, with_tokenizer, config_overrides], sort_keys=True,
+                         default=str)
+        if key not in made:
+            out_dir = tmp_path_factory.mktemp(f"tiny_{arch}")
+            _write_checkpoint(out_dir, arch, seed, max_shard_size, with_tokenizer, config_overrides)
+            made[key] = out_dir
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(make_tiny_checkpoint: Callable[..., Path]) -> Path:
+    return make_tiny_checkpoint("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_untied_dir(make_tiny_checkpoint: Callable[..., Path]) -> Path:
+    return make_tiny_checkpoint("qwen3", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(make_tiny_checkpoint: Callable[..., Path]) -> Path:
+    return make_tiny_checkpoint("qwen2")
