@@ -1,0 +1,112 @@
+"""`nv serve MODEL ...`: argument parsing and startup. `nv_engine.cli` adds the subcommand with
+`add_serve_parser(subparsers)`; `python -m nv_engine.server MODEL ...` runs the same thing."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger("nv_engine.server")
+
+# argparse dest -> EngineConfig.create keyword (only those the user set are passed on)
+_ENGINE_ARGS = ("tensor_parallel_size", "dtype", "device", "seed", "max_model_len", "max_num_seqs",
+                "max_num_batched_tokens", "block_size", "enable_prefix_caching",
+                "gpu_memory_utilization", "enforce_eager", "attention_backend",
+                "num_gpu_blocks_override", "tokenizer")
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    g.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
+    g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=None)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--gpu-memory-utilization", type=float, default=None)
+    g.add_argument("--enforce-eager", action="store_true", default=None,
+                   help="no CUDA graphs")
+    g.add_argument("--attention-backend", default=None, help="torch, triton or flash_attn")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                   help="fixed KV-cache size in blocks")
+    g.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="local HF-format model dir (config.json, *.safetensors, tokenizer)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients use in `model` (default: the model argument)")
+    p.add_argument("--api-key", default=os.environ.get("NV_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1 routes (env NV_API_KEY)")
+    p.add_argument("--max-n", type=int, default=128, help="largest `n` a request may ask for")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_engine_arguments(p)
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `serve` to an argparse subparsers object; the parsed args carry func=run_server."""
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                              description="OpenAI-compatible server (completions, chat, metrics)")
+    add_server_arguments(p)
+    p.set_defaults(func=run_server)
+    return p
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in _ENGINE_ARGS if getattr(args, name, None) is not None}
+
+
+def create_engine(model: str, **kwargs: Any) -> Any:
+    """An LLMEngine for `model` with EngineConfig keywords."""
+    from nv_engine.config import EngineConfig
+    from nv_engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig.create(model, **kwargs))
+
+
+def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
+    from nv_engine.sampling_params import SamplingParams
+    from nv_engine.server.app import build_state, create_app
+
+    config = engine.config
+    state = build_state(engine, tokenizer=engine.tokenizer, sampling_params_cls=SamplingParams,
+                        model_path=args.model, max_model_len=config.max_model_len,
+                        served_model_names=args.served_model_name or [args.model],
+                        api_key=args.api_key, max_n=args.max_n)
+    return create_app(state)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+    except ImportError as exc:   # the serve extra is missing
+        raise SystemExit(f"nv serve needs FastAPI, uvicorn and prometheus_client: "
+                         f"pip install 'nv-engine[serve]' ({exc})") from exc
+    if args.max_n < 1:
+        raise SystemExit("--max-n must be at least 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = create_engine(args.model, **engine_kwargs(args))
+    app = build_app_for_engine(engine, args)
+    logger.info("serving %s on http://%s:%d", args.served_model_name or args.model, args.host, args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                    timeout_graceful_shutdown=5)
+    finally:
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nv_engine.server")
+    add_server_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_server(args)
