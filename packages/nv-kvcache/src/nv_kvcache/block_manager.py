@@ -135,7 +135,9 @@ class BlockManager:
 
     def num_blocks_to_allocate(self, seq: Sequence, num_tokens: int, cached_blocks: SequenceABC[int] = ()) -> int:
         """Free blocks that allocate(seq, num_tokens, cached_blocks) would take from the queue."""
-        new = self.cdiv_blocks(num_tokens) - len(seq.block_table) - len(cached_blocks)
+        new = -(-num_tokens // self.block_size) - len(seq.block_table) - len(cached_blocks)
+        if not cached_blocks:
+            return new if new > 0 else 0
         revived = sum(1 for b in cached_blocks if self._ref_counts[b] == 0)
         return max(new, 0) + revived
 
@@ -144,20 +146,20 @@ class BlockManager:
         queue is too short. `cached_blocks` (from match_prefix, only for a sequence holding no
         blocks yet) are shared first. An admission (empty block table) updates the hit-rate stats."""
         table = seq.block_table
-        if cached_blocks and table:
+        is_admission = not table
+        if cached_blocks and not is_admission:
             raise ValueError("cached_blocks can only be given to a sequence that holds no blocks")
         if self.num_blocks_to_allocate(seq, num_tokens, cached_blocks) > len(self._free):
             return False
-        is_admission = not table
         ref_counts = self._ref_counts
-        for block_id in cached_blocks:
-            if ref_counts[block_id] == 0:
-                del self._free[block_id]
-            ref_counts[block_id] += 1
-            table.append(block_id)
         if cached_blocks:
+            for block_id in cached_blocks:
+                if ref_counts[block_id] == 0:
+                    del self._free[block_id]
+                ref_counts[block_id] += 1
+                table.append(block_id)
             seq._num_hashed_blocks = len(cached_blocks)
-        for _ in range(self.cdiv_blocks(num_tokens) - len(table)):
+        for _ in range(-(-num_tokens // self.block_size) - len(table)):
             block_id = self._pop_free()
             ref_counts[block_id] = 1
             table.append(block_id)
@@ -184,20 +186,25 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
-        start = seq._num_hashed_blocks
-        if num_full <= start:
-            return
-        hashes = self.block_hashes(seq, num_full)
+        table = seq.block_table
+        num_full = min(seq.num_computed_tokens // bs, len(table))
+        hashes = seq._block_hashes
         tokens = seq.token_ids
-        for i in range(start, num_full):
-            block_hash = hashes[i]
-            block_id = seq.block_table[i]
-            if block_hash not in self._hash_to_block and self._hashes[block_id] is None:
-                self._hash_to_block[block_hash] = block_id
+        hash_to_block = self._hash_to_block
+        for i in range(seq._num_hashed_blocks, num_full):
+            chunk = tokens[i * bs:(i + 1) * bs]
+            if i < len(hashes):
+                block_hash = hashes[i]
+            else:                                   # hashes is a prefix: here len(hashes) == i
+                block_hash = hash_block_tokens(hashes[i - 1] if i else None, chunk)
+                hashes.append(block_hash)
+            block_id = table[i]
+            if block_hash not in hash_to_block and self._hashes[block_id] is None:
+                hash_to_block[block_hash] = block_id
                 self._hashes[block_id] = block_hash
-                self._tokens[block_id] = tokens[i * bs:(i + 1) * bs]
-        seq._num_hashed_blocks = num_full
+                self._tokens[block_id] = chunk
+        if num_full > seq._num_hashed_blocks:
+            seq._num_hashed_blocks = num_full
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first, and clear its block table."""
