@@ -40,7 +40,8 @@ def random_paged_batch(
     """Sequences of seq_lens[b] tokens, the last q_lens[b] of which are queries."""
     if len(seq_lens) != len(q_lens) or any(q > s for q, s in zip(q_lens, seq_lens)):
         raise ValueError("need one q_len per sequence, each at most its seq_len")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cpu_gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [(s + block_size - 1) // block_size for s in seq_lens]
     width = max(1, max(blocks_per_seq))
     needed = sum(blocks_per_seq)
@@ -49,36 +50,42 @@ def random_paged_batch(
     if num_blocks < needed:
         raise ValueError(f"num_blocks {num_blocks} < {needed} blocks needed")
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
-    # Distinct blocks per sequence; prefer the high end of the pool to exercise large block ids.
-    perm = torch.randperm(min(num_blocks, max(needed * 2, 8)), generator=gen) + max(
-        0, num_blocks - max(needed * 2, 8))
-    tables = torch.randint(0, num_blocks, (len(seq_lens), width), generator=gen, dtype=torch.int32)
+    # Every slot no sequence owns (other blocks, the tail of a last block) holds NaN: a kernel that
+    # reads outside a sequence's context poisons its output.
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    # Distinct blocks per sequence, from the high end of the pool to exercise large block ids.
+    pool = min(num_blocks, max(2 * needed, 8))
+    block_ids = torch.randperm(pool, generator=cpu_gen) + (num_blocks - pool)
+    tables = torch.randint(0, num_blocks, (len(seq_lens), width), generator=cpu_gen, dtype=torch.int32)
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # [NB*BS, Hkv, D]
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     keys, values, slots, used = [], [], [], 0
     for b, (s, nblk) in enumerate(zip(seq_lens, blocks_per_seq)):
-        ids = perm[used:used + nblk]
+        ids = block_ids[used:used + nblk]
         used += nblk
         tables[b, :nblk] = ids.to(torch.int32)
         tok = torch.arange(s)
-        seq_slots = ids[tok // block_size] * block_size + tok % block_size  # [L]
-        keys.append(k_cache.view(-1, num_kv_heads, head_dim)[seq_slots])
-        values.append(v_cache.view(-1, num_kv_heads, head_dim)[seq_slots])
+        seq_slots = (ids[tok // block_size] * block_size + tok % block_size).to(device)  # [L]
+        keys.append(torch.randn((s, num_kv_heads, head_dim), generator=gen, device=device).to(dtype))
+        values.append(torch.randn((s, num_kv_heads, head_dim), generator=gen, device=device).to(dtype))
+        k_flat[seq_slots] = keys[-1]
+        v_flat[seq_slots] = values[-1]
         slots.append(seq_slots[s - q_lens[b]:])
     total_q = sum(q_lens)
-    q = torch.randn((total_q, num_q_heads, head_dim), generator=gen).to(dtype)
+    q = torch.randn((total_q, num_q_heads, head_dim), generator=gen, device=device).to(dtype)
     cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
     return PagedBatch(
-        q=q.to(device),
-        keys=[k.to(device) for k in keys],
-        values=[v.to(device) for v in values],
-        k_cache=k_cache.to(device),
-        v_cache=v_cache.to(device),
+        q=q,
+        keys=keys,
+        values=values,
+        k_cache=k_cache,
+        v_cache=v_cache,
         block_tables=tables.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         cu_seqlens_q=cu.to(device),
-        slot_mapping=torch.cat(slots).to(device) if slots else torch.zeros(0, dtype=torch.int64),
+        slot_mapping=torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64, device=device),
         max_seqlen_q=max(q_lens, default=0),
         max_seqlen_k=max(seq_lens, default=0),
     )

@@ -98,11 +98,12 @@ class TorchBackend:
         num_blocks = min(block_tables.shape[1], max(1, (max_seqlen_k + bs - 1) // bs))
         table = block_tables[:, :num_blocks].long().clamp(0, nb - 1)  # [B, M]
         length = num_blocks * bs
-        k = k_cache[table].reshape(batch, length, hkv, d).float()  # [B, L, Hkv, D]
-        v = v_cache[table].reshape(batch, length, hkv, d).float()
+        keep = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None].long()  # [B, L]
+        outside = ~keep[:, :, None, None]  # slots past a row's context may hold anything (NaN too)
+        k = k_cache[table].reshape(batch, length, hkv, d).float().masked_fill_(outside, 0.0)  # [B, L, Hkv, D]
+        v = v_cache[table].reshape(batch, length, hkv, d).float().masked_fill_(outside, 0.0)
         qg = q.float().view(batch, hkv, hq // hkv, d)  # [B, Hkv, G, D]
         scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale  # [B, Hkv, G, L]
-        keep = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None].long()  # [B, L]
         scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # seq_len 0 rows -> 0
         out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [B, Hkv, G, D]
