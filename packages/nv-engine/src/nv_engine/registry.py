@@ -15,6 +15,7 @@ ENTRY_POINT_GROUP = "nv_engine.models"
 _BUILTIN: dict[str, str] = {
     "Qwen3ForCausalLM": "nv_qwen3:Qwen3ForCausalLM",
     "Qwen2ForCausalLM": "nv_qwen3:Qwen2ForCausalLM",
+    "LlamaForCausalLM": "nv_llama:LlamaForCausalLM",
 }
 _REGISTERED: dict[str, Any] = {}
 
