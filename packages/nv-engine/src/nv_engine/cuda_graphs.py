@@ -1,0 +1,81 @@
+"""CUDA graphs for pure-decode steps: one graph per captured batch size, sharing one memory pool.
+
+Each graph runs the model body on static inputs (views into the runner's staging device buffers,
+whose decode layout depends only on the padded batch size) and copies the final hidden states into
+one static buffer. The LM head and the sampler run eagerly after the replay (one GEMM, plus
+sampler kernels that vary with the requests' settings).
+Batch sizes are captured largest first so smaller graphs reuse the pool's blocks (idea from
+nano-vllm / vLLM); a batch is padded to the next captured size (padding: slot -1, length 0).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to 64, every 16 up to 256, every 32 beyond, and the max itself."""
+    sizes = [1, 2, 4, 8, *range(16, 65, 8), *range(80, 257, 16), *range(288, max_batch_size + 1, 32)]
+    sizes = sorted({s for s in sizes if s < max_batch_size} | {max_batch_size})
+    return sizes
+
+
+class DecodeGraphs:
+    """Captured decode graphs. `run_model(bs)` is called inside a capture with the forward context
+    and staged inputs of a bs-row decode batch already in place and must return hidden [bs, H]."""
+
+    def __init__(self, max_batch_size: int, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.sizes = graph_batch_sizes(max_batch_size)
+        # padded[b] = smallest captured size >= b, for b in 0..max_batch_size
+        self.padded = np.searchsorted(np.array(self.sizes), np.arange(max_batch_size + 1))
+        self.padded = np.array(self.sizes)[np.minimum(self.padded, len(self.sizes) - 1)]
+        self.max_batch_size = max_batch_size
+        self.hidden = torch.zeros(max_batch_size, hidden_size, dtype=dtype, device=device)  # [maxB, H]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.device = device
+
+    def padded_size(self, batch_size: int) -> int | None:
+        """The captured size that runs a batch of `batch_size`, or None (run eagerly)."""
+        if batch_size > self.max_batch_size or not self.graphs:
+            return None
+        return int(self.padded[batch_size])
+
+    def capture(self, prepare: Callable[[int], object], run_model: Callable[[int], torch.Tensor]) -> None:
+        """For each size, largest first: `prepare(bs)` stages dummy inputs and returns a context
+        manager (the forward context); the model runs once eagerly (warm-up: JIT compiles, autotunes),
+        then is captured."""
+        start = time.perf_counter()
+        before = torch.cuda.mem_get_info(self.device)[0]
+        for bs in reversed(self.sizes):
+            with prepare(bs):
+                self.hidden[:bs] = run_model(bs)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self.hidden[:bs] = run_model(bs)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(self.device)
+        used = before - torch.cuda.mem_get_info(self.device)[0]
+        self.memory_bytes = used
+        logger.info("captured %d decode CUDA graphs (batch sizes %d..%d) in %.1f s, %.0f MiB",
+                    len(self.sizes), self.sizes[0], self.sizes[-1], time.perf_counter() - start,
+                    used / (1 << 20))
+
+    def replay(self, padded_size: int, batch_size: int) -> torch.Tensor:
+        """Run the graph of `padded_size` on the staged inputs; hidden states [batch_size, H]."""
+        self.graphs[padded_size].replay()
+        return self.hidden[:batch_size]
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.pool = None

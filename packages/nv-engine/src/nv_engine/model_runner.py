@@ -1,0 +1,289 @@
+"""ModelRunner: one per tensor-parallel rank. Owns the model, the KV cache, the CUDA graphs and the
+device side of a step (inputs -> forward -> logits -> sampled ids).
+
+A step is `launch(step)` (stage inputs with numpy into pinned memory, one copy per dtype, run the
+model: a CUDA graph for pure decode, eager otherwise, sample on the device, start the copy of the
+sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
+does both; an engine that overlaps steps can call launch for step N+1 before collect of step N.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from nv_engine.config import EngineConfig
+from nv_engine.cuda_graphs import DecodeGraphs
+from nv_engine.input_batch import StepInput, StepResult
+from nv_engine.kv_cache_sizing import (MemoryProfile, cpu_num_blocks, cuda_memory_state,
+                                       graph_reserve)
+from nv_engine.registry import get_model_class
+from nv_engine.runner_io import ResultCopier, dummy_sampling_tensors, sampling_tensors
+from nv_engine.staging import StagingBuffer
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def runner_device(config: EngineConfig, rank: int) -> torch.device:
+    if not config.is_cuda:
+        return torch.device("cpu")
+    if config.tensor_parallel_size == 1 and ":" in config.device:
+        return torch.device(config.device)
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+        from nv_kernels import get_backend
+        from nv_layers.parallel_state import get_tp_rank
+        from nv_layers.sampler import Sampler
+
+        self.config, self.rank = config, rank
+        self.device = runner_device(config, rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.is_driver = get_tp_rank() == 0
+        torch.manual_seed(config.seed)
+        self.model = self._build_model()
+        self.backend = get_backend(config.attention_backend, self.device)
+        self.sampler = Sampler()
+        self.attention_layers = [m for m in self.model.modules()
+                                 if hasattr(m, "k_cache") and hasattr(m, "v_cache")]
+        if not self.attention_layers:
+            raise ValueError(f"{type(self.model).__name__} has no attention layers with a KV cache")
+        self.kv_caches: list[torch.Tensor] = []
+        self.num_blocks = 0
+        self.graphs: DecodeGraphs | None = None
+        self.max_batch = config.max_num_seqs
+        max_tokens = max(config.max_num_batched_tokens, self.max_batch)
+        # int64: ids, positions, slots [T each] + logits indices [S]
+        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + self.max_batch + 8, self.device)
+        # int32: seq lens [B], cu_seqlens [B+1], block tables [B, M]
+        self.i32 = StagingBuffer(
+            torch.int32, 2 * self.max_batch + 1 + self.max_batch * config.max_blocks_per_seq + 8, self.device)
+        self.results = ResultCopier(self.max_batch, self.device)
+
+    # ---- construction ------------------------------------------------------------------------
+    def _build_model(self) -> nn.Module:
+        from nv_layers.loader import load_safetensors
+
+        cls = get_model_class(self.config.hf_config)
+        with default_dtype(self.config.dtype), torch.device(self.device):
+            model = cls(self.config.hf_config)
+        load_safetensors(model, self.config.model)
+        return model.eval()
+
+    def kv_block_bytes(self) -> int:
+        itemsize = torch.empty(0, dtype=self.config.dtype).element_size()
+        return sum(2 * self.config.block_size * layer.num_kv_heads * layer.head_dim * itemsize
+                   for layer in self.attention_layers)
+
+    # ---- KV cache sizing ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def determine_num_blocks(self) -> int:
+        config = self.config
+        if config.num_gpu_blocks_override is not None:
+            num_blocks = config.num_gpu_blocks_override
+        elif self.device.type == "cuda":
+            profile = self.profile_memory()
+            budget = profile.kv_budget(config.gpu_memory_utilization)
+            logger.info("KV-cache budget: %s", profile.describe(config.gpu_memory_utilization))
+            num_blocks = max(0, budget // self.kv_block_bytes())
+        else:
+            num_blocks = cpu_num_blocks(self.kv_block_bytes(), config.max_num_seqs,
+                                        config.max_blocks_per_seq)
+        num_blocks = self._agree_min(num_blocks)
+        if num_blocks < 1:
+            raise ValueError("no memory is left for the KV cache: raise gpu_memory_utilization "
+                             f"({config.gpu_memory_utilization}) or lower max_num_batched_tokens "
+                             f"({config.max_num_batched_tokens}) / max_num_seqs ({config.max_num_seqs})")
+        return num_blocks
+
+    def _agree_min(self, value: int) -> int:
+        """All ranks take the smallest value (all_reduce MIN over the TP group)."""
+        import torch.distributed as dist
+        from nv_layers.parallel_state import get_tp_group, get_tp_size
+
+        if get_tp_size() == 1:
+            return value
+        device = self.device if dist.get_backend(get_tp_group()) == "nccl" else torch.device("cpu")
+        tensor = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=get_tp_group())
+        return int(tensor.item())
+
+    def profile_memory(self) -> MemoryProfile:
+        """Peak of a max-size prefill step + sampler, and the activations of a max-size decode."""
+        gc.collect()
+        total, non_torch = cuda_memory_state(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        num_rows = min(self.max_batch, self.config.max_num_batched_tokens)
+        self._dummy_prefill(self.config.max_num_batched_tokens, num_rows)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        reserve = 0
+        if not self.config.enforce_eager:
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._dummy_decode(self.max_batch)
+            torch.cuda.synchronize(self.device)
+            reserve = graph_reserve(torch.cuda.max_memory_allocated(self.device) - base)
+        torch.cuda.empty_cache()
+        return MemoryProfile(total=total, non_torch=non_torch, peak=peak, graph_reserve=reserve)
+
+    def _dummy_prefill(self, num_tokens: int, num_rows: int) -> None:
+        """A prefill of num_tokens tokens (sequences of up to max_model_len) without a KV cache,
+        then logits and a worst-case sampler for num_rows rows."""
+        from nv_layers.forward_context import ForwardContext, forward_context
+
+        seq_len = min(num_tokens, self.config.max_model_len)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        positions = np.concatenate([np.arange(n) for n in lens])
+        cu = np.zeros(len(lens) + 1, dtype=np.int32)
+        cu[1:] = np.cumsum(lens)
+        dev = self.device
+        ctx = ForwardContext(
+            is_decode=False, slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+            block_tables=torch.zeros(len(lens), 1, dtype=torch.int32, device=dev),
+            cu_seqlens_q=torch.from_numpy(cu).to(dev), max_seqlen_q=seq_len, max_seqlen_k=seq_len,
+            logits_indices=torch.arange(num_rows, dtype=torch.int64, device=dev) % num_tokens,
+            backend=self.backend)
+        with forward_context(ctx):
+            hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=dev),
+                                torch.from_numpy(positions).to(dev))
+            logits = self.model.compute_logits(hidden)
+        del hidden
+        if self.is_driver:
+            self.sampler(logits, dummy_sampling_tensors(num_rows, dev))
+
+    def _dummy_decode(self, batch_size: int) -> None:
+        """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
+        from nv_layers.forward_context import ForwardContext, forward_context
+
+        bs, dev = self.config.block_size, self.device
+        for layer in self.attention_layers:
+            shape = (1, bs, layer.num_kv_heads, layer.head_dim)
+            layer.k_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
+            layer.v_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
+        try:
+            ctx = ForwardContext(
+                is_decode=True, slot_mapping=torch.full((batch_size,), -1, dtype=torch.int64, device=dev),
+                seq_lens=torch.ones(batch_size, dtype=torch.int32, device=dev),
+                block_tables=torch.zeros(batch_size, 1, dtype=torch.int32, device=dev),
+                cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=1, logits_indices=None,
+                backend=self.backend)
+            with forward_context(ctx):
+                hidden = self.model(torch.zeros(batch_size, dtype=torch.int64, device=dev),
+                                    torch.zeros(batch_size, dtype=torch.int64, device=dev))
+            self.model.compute_logits(hidden)
+        finally:
+            for layer in self.attention_layers:
+                layer.k_cache = torch.empty(0)
+                layer.v_cache = torch.empty(0)
+
+    # ---- KV cache and graphs -----------------------------------------------------------------
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Per layer one [2, NB, BS, Hkv, D] tensor; its halves go to the layer's k_cache / v_cache."""
+        self.num_blocks = num_blocks
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            kv = torch.zeros(2, num_blocks, self.config.block_size, layer.num_kv_heads, layer.head_dim,
+                             dtype=self.config.dtype, device=self.device)
+            layer.k_cache, layer.v_cache = kv[0], kv[1]
+            self.kv_caches.append(kv)
+        logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB", num_blocks,
+                    self.config.block_size, num_blocks * self.config.block_size,
+                    num_blocks * self.kv_block_bytes() / (1 << 30))
+
+    @torch.inference_mode()
+    def capture_cudagraphs(self) -> None:
+        if self.device.type != "cuda" or self.config.enforce_eager:
+            return
+        if not self.kv_caches:
+            raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
+        from nv_layers.forward_context import forward_context
+
+        from nv_engine.runner_io import decode_graph_inputs
+
+        max_bs = min(self.max_batch, self.config.max_num_batched_tokens)
+        hidden_size = self.config.hf_config.hidden_size
+        self.graphs = DecodeGraphs(max_bs, hidden_size, self.config.dtype, self.device)
+        inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def prepare(bs: int):
+            ctx, ids, positions = decode_graph_inputs(self, bs, dummy=True)
+            inputs[bs] = (ids, positions)
+            return forward_context(ctx)
+
+        def run_model(bs: int) -> torch.Tensor:
+            ids, positions = inputs[bs]
+            return self.model(ids, positions)
+
+        self.graphs.capture(prepare, run_model)
+
+    # ---- steps -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, step: StepInput) -> StepResult | None:
+        self.launch(step)
+        return self.collect()
+
+    @torch.inference_mode()
+    def launch(self, step: StepInput) -> None:
+        """Queue one step on the device; sampled ids are copied back asynchronously."""
+        from nv_layers.forward_context import forward_context
+        from nv_engine.runner_io import decode_graph_inputs, eager_inputs
+
+        batch = step.num_seqs
+        padded = self.graphs.padded_size(batch) if (self.graphs is not None and step.is_decode) else None
+        if padded is not None:
+            decode_graph_inputs(self, padded, step=step)
+            hidden = self.graphs.replay(padded, batch)                   # [B, H]
+            logits = self.model.compute_logits(hidden)                    # [B, V]
+        else:
+            ctx, ids, positions = eager_inputs(self, step)
+            with forward_context(ctx):
+                hidden = self.model(ids, positions)                       # [T, H]
+                if len(step.logits_indices) == 0:                          # only partial prefill chunks
+                    self.results.pending = None
+                    return
+                logits = self.model.compute_logits(hidden)                # [S, V]
+        if not self.is_driver:
+            return
+        out = self.sampler(logits, sampling_tensors(step.sampling, logits.shape[0], self.device))
+        self.results.start(out)
+
+    def collect(self) -> StepResult | None:
+        """Wait for the last launched step's sampled ids (rank 0); None on other ranks."""
+        if not self.is_driver:
+            return None
+        return self.results.finish()
+
+    def shutdown(self) -> None:
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+        for layer in self.attention_layers:
+            layer.k_cache = torch.empty(0)
+            layer.v_cache = torch.empty(0)
+        self.kv_caches = []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
