@@ -99,6 +99,13 @@ class WorkerGroup:
             got[rank] = (kind, payload)
             if kind == ERR and deadline is None:
                 deadline = time.monotonic() + self.grace_s
+        while self.broken is not None:   # keep the replies that arrived before the break
+            try:
+                rank, kind, reply_id, payload = self.replies.get_nowait()
+            except queue.Empty:
+                break
+            if kind != DEAD and reply_id == call_id:
+                got[rank] = (kind, payload)
         return got
 
     def mark_broken(self, reason: str, *, death: bool = False) -> None:
