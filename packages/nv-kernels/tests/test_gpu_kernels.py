@@ -1,0 +1,108 @@
+"""Triton kernels on the GPU at real shapes against the torch reference (pytest -m gpu).
+
+Kernel modules are imported inside the tests, so collecting this file never compiles kernels for
+the wrong mode (the CPU suite interprets them).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from nv_kernels.testing import PagedBatch, random_paged_batch, relative_error
+from nv_kernels.torch_backend import TorchBackend
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+REF = TorchBackend()
+TOL = {torch.bfloat16: 1.6e-2, torch.float16: 3e-3}
+NUM_BLOCKS = 32768  # block_id * BS * Hkv * D passes 2**31 at BS >= 256 (Hkv 8, D 128)
+CONTEXTS = [1, 2, 15, 16, 17, 100, 255, 256, 257, 1000, 2048, 4096]
+# (Hq, Hkv, head_dim, block_size, dtype): the Qwen3-0.6B shape at every block size, plus the rest.
+CASES = [(16, 8, 128, bs, dt) for bs in (16, 32, 64, 128, 256) for dt in (torch.bfloat16, torch.float16)]
+CASES += [(32, 4, 64, 16, torch.float16), (32, 4, 128, 256, torch.bfloat16), (8, 8, 64, 64, torch.bfloat16),
+          (8, 8, 128, 128, torch.float16), (16, 8, 64, 256, torch.float16), (32, 4, 128, 32, torch.float16)]
+
+
+def _poison_workspaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nv_kernels.triton_decode as decode
+
+    def nan_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.full(*args, fill_value=float("nan"), **kwargs)
+
+    monkeypatch.setattr(decode, "_empty", nan_empty)
+
+
+def _batch(q_lens: list[int], case: tuple, seed: int, contexts: list[int] = CONTEXTS) -> PagedBatch:
+    hq, hkv, d, bs, dtype = case
+    return random_paged_batch(contexts, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                              block_size=bs, num_blocks=NUM_BLOCKS, dtype=dtype, device="cuda", seed=seed)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_decode(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nv_kernels.triton_decode import decode_attention
+
+    _poison_workspaces(monkeypatch)
+    b = _batch([1] * len(CONTEXTS), case, seed=case[3])
+    ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+                     max_seqlen_k=4096, scale=case[2] ** -0.5)
+    for splits in (None, 1):  # the default (several splits here) and one split
+        out = decode_attention(b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables, 4096,
+                               case[2] ** -0.5, num_splits=splits)
+        assert relative_error(out, ref) < TOL[case[4]], splits
+
+
+@pytest.mark.parametrize("case", CASES[::2], ids=str)
+def test_prefill_and_store(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nv_kernels import get_backend
+
+    _poison_workspaces(monkeypatch)
+    q_lens = [1, 2, 15, 1, 17, 100, 200, 256, 1, 1000, 700, 512]  # fresh prompts, cached prefixes, decodes
+    b = _batch(q_lens, case, seed=case[3] + 1)
+    backend = get_backend("triton", "cuda")
+    hq, hkv, d = case[:3]
+    new_k = torch.randn(len(b.slot_mapping), hkv, d, device="cuda", dtype=case[4])
+    new_v = torch.randn_like(new_k)
+    slots = b.slot_mapping.clone()
+    slots[::7] = -1  # padding tokens keep the old cache contents
+    k_ref, v_ref = b.k_cache.clone(), b.v_cache.clone()
+    REF.store_kvcache(new_k, new_v, k_ref, v_ref, slots)
+    backend.store_kvcache(new_k, new_v, b.k_cache, b.v_cache, slots)
+    torch.testing.assert_close(b.k_cache, k_ref, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(b.v_cache, v_ref, rtol=0, atol=0, equal_nan=True)
+    del k_ref, v_ref
+    kw = dict(cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, block_tables=b.block_tables,
+              max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, scale=d ** -0.5)
+    out = backend.prefill(b.q, b.k_cache, b.v_cache, **kw)
+    assert relative_error(out, REF.prefill(b.q, b.k_cache, b.v_cache, **kw)) < TOL[case[4]]
+
+
+def test_decode_in_cuda_graph_with_zero_length_rows() -> None:
+    """Captured once with a static max context, replayed with new lengths (incl. 0, graph padding)."""
+    from nv_kernels import get_backend
+
+    case = (16, 8, 128, 16, torch.bfloat16)
+    b = _batch([1] * len(CONTEXTS), case, seed=7)
+    backend = get_backend("triton", "cuda")
+    seq_lens = b.seq_lens.clone()
+
+    def step() -> torch.Tensor:
+        return backend.decode(b.q, b.k_cache, b.v_cache, seq_lens=seq_lens, block_tables=b.block_tables,
+                              max_seqlen_k=4096, scale=0.1)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    new_lens = b.seq_lens.clone()
+    new_lens[::3] = 0
+    new_lens[1::3] = (new_lens[1::3] // 2).clamp_min(1)
+    seq_lens.copy_(new_lens)
+    graph.replay()
+    ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=new_lens, block_tables=b.block_tables,
+                     max_seqlen_k=4096, scale=0.1)
+    live = new_lens > 0
+    assert relative_error(out[live], ref[live]) < TOL[case[4]]
