@@ -53,9 +53,8 @@ def run_workload(args: argparse.Namespace) -> int:
     bm = sched.block_manager
     prompt_tokens = sum(s.num_prompt_tokens for s in seqs)
     output_tokens = sum(s.num_output_tokens for s in seqs)
-    identical = all(s.output_token_ids == reference_output(s.prompt_token_ids, model, s.rules.max_tokens,
-                                                           frozenset({eos}), args.max_model_len)
-                    for s in seqs)
+    identical = all((s.output_token_ids, s.finish_reason)
+                    == reference_output(s.prompt_token_ids, model, s.rules, args.max_model_len) for s in seqs)
     leaked = bm.num_used_blocks
     print(f"steps {step}, prompt tokens {prompt_tokens}, generated tokens {output_tokens}")
     print(f"prefix-cache hit rate {bm.hit_rate:.1%} of admitted tokens, preemptions {sched.num_preemptions}")

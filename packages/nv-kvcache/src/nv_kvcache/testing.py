@@ -8,7 +8,7 @@ import xxhash
 
 from nv_kvcache.scheduler import Scheduler
 from nv_kvcache.scheduler_output import SchedulerOutput
-from nv_kvcache.sequence import Sequence, SequenceStatus
+from nv_kvcache.sequence import FinishReason, Sequence, SequenceStatus, StopRules
 
 
 class FakeModel:
@@ -63,17 +63,19 @@ def run_to_completion(scheduler: Scheduler, model: FakeModel, max_steps: int = 1
     raise AssertionError(f"not finished after {max_steps} steps")
 
 
-def reference_output(prompt: list[int], model: FakeModel, max_tokens: int,
-                     stop_ids: frozenset[int] = frozenset(), max_model_len: int = 1 << 30) -> list[int]:
-    """What an undisturbed run produces for one prompt (no min_tokens)."""
+def reference_output(prompt: list[int], model: FakeModel, rules: StopRules,
+                     max_model_len: int = 1 << 62) -> tuple[list[int], FinishReason]:
+    """What an undisturbed run produces for one prompt: (output ids, finish reason)."""
     tokens = list(prompt)
     out: list[int] = []
     while True:
         token_id = model.next_token(tokens)
         tokens.append(token_id)
         out.append(token_id)
-        if token_id in stop_ids or len(out) >= max_tokens or len(tokens) >= max_model_len:
-            return out
+        if token_id in rules.stopping_ids and len(out) >= rules.min_tokens:
+            return out, FinishReason.STOP
+        if len(out) >= rules.max_tokens or len(tokens) >= max_model_len:
+            return out, FinishReason.LENGTH
 
 
 def check_invariants(scheduler: Scheduler) -> None:
