@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from nv_engine.executor import Executor, MultiProcExecutor, TorchrunExecutor, UniProcExecutor
-from nv_engine.executor.testing import FakeConfig, decode_step_input, measure_call_latency
+from nv_engine.executor.testing import FakeConfig, engine_decode_step, measure_call_latency
 
 RUNNER = "nv_engine.executor.testing:FakeRunner"
 
@@ -80,7 +80,7 @@ class TestHealthyExecutor:
         assert executor.call("rank_sum") == 3.0
 
     def test_decode_step_latency(self, executor):
-        step = decode_step_input(num_seqs=256, blocks_per_seq=64)
+        step = engine_decode_step(num_seqs=256, context_len=1024)   # the engine's StepInput
         stats = measure_call_latency(executor, step, iters=100)
         print(f"\ndecode StepInput {len(pickle.dumps(step))} bytes: {stats}")
         assert stats["median_us"] < 5000

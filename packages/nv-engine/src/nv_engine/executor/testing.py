@@ -109,3 +109,27 @@ def measure_call_latency(executor: Any, message: Any, iters: int = 200) -> dict[
     times.sort()
     return {"median_us": times[len(times) // 2], "p90_us": times[int(len(times) * 0.9)],
             "min_us": times[0]}
+
+
+def engine_decode_step(num_seqs: int = 256, context_len: int = 1024, block_size: int = 16,
+                       seed: int = 0) -> Any:
+    """A real nv_engine StepInput of a pure decode step (with its SamplingBatch), as the engine
+    sends it: `num_seqs` sequences of `context_len` tokens each."""
+    from nv_engine.input_batch import StepInput
+    from nv_engine.sampling_batch import SamplingBatchBuilder
+    from nv_engine.sampling_params import SamplingParams
+
+    rng = np.random.default_rng(seed)
+    blocks = -(-context_len // block_size)
+    block_tables = rng.integers(0, 1 << 16, (num_seqs, blocks), dtype=np.int32)      # [B, M]
+    positions = np.full(num_seqs, context_len - 1, dtype=np.int64)
+    slots = block_tables[:, -1].astype(np.int64) * block_size + positions % block_size
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=1)
+    sampling = SamplingBatchBuilder(vocab_size=151_936).build(
+        [(params, seed + i, 100) for i in range(num_seqs)])
+    return StepInput(
+        input_ids=rng.integers(0, 151_000, num_seqs, dtype=np.int64), positions=positions,
+        slot_mapping=slots, seq_lens=np.full(num_seqs, context_len, dtype=np.int32),
+        cu_seqlens_q=np.arange(num_seqs + 1, dtype=np.int32), block_tables=block_tables,
+        logits_indices=np.arange(num_seqs, dtype=np.int64), is_decode=True, max_seqlen_q=1,
+        max_seqlen_k=context_len, sampling=sampling)
