@@ -1,0 +1,230 @@
+"""Per-step sampling inputs: SamplingParams rows -> SamplingBatch (host, numpy, picklable) ->
+SamplingTensors (device), and the sampled ids / logprobs back to per-sequence results.
+
+It runs every step at batch ~256, so the parts that follow the requests' parameters (temperature,
+top-k/p, min-p, penalty factors, flags) are cached while the rows' SamplingParams objects are the
+same as last step; only seeds and positions (one [2, S] array, one copy) are rebuilt then.
+SamplingParams must not be changed after the request is added (the engine keeps a clone).
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from nv_engine.outputs import Logprob
+from nv_engine.sampling_params import SAMPLING_EPS, SamplingParams
+from nv_layers.sampler import SamplerOutput, SamplingTensors
+
+_static_ids = itertools.count(1)
+
+
+class SamplingRow(NamedTuple):
+    params: SamplingParams
+    seed: int  # the sequence's seed (see sequence_seed)
+    position: int  # output tokens so far = index of the token sampled now
+    prompt_token_ids: Sequence[int] | None = None  # needed only with repetition_penalty
+    output_token_ids: Sequence[int] | None = None  # needed only with any penalty
+
+
+@dataclass
+class _StaticPart:
+    """What depends only on the rows' SamplingParams (cached across steps)."""
+
+    static_id: int
+    arrays: dict[str, np.ndarray]  # name -> [S] array (temperatures, top_k, ..., penalties)
+    flags: dict[str, Any]  # SamplingTensors' Python-side fields
+    logprob_counts: list[int | None]  # per row: SamplingParams.logprobs
+    min_token_rows: list[tuple[int, int, list[int]]]  # (row, min_tokens, ids banned until then)
+    rep_rows: list[int]  # rows with repetition_penalty != 1 (need prompt ids)
+    pen_rows: list[int]  # rows with any penalty (need output ids)
+
+
+@dataclass
+class SamplingBatch:
+    """Host-side sampling inputs of one step (numpy; picklable)."""
+
+    static_id: int  # same id -> same static arrays as a previous batch
+    arrays: dict[str, np.ndarray]
+    flags: dict[str, Any]
+    seeds_positions: np.ndarray  # [2, S] int64
+    logprob_counts: list[int | None]
+    prompt_token_ids: np.ndarray | None = None  # [S, Lp] int64 padded with V
+    output_token_ids: np.ndarray | None = None  # [S, Lo] int64 padded with V
+    banned_token_ids: np.ndarray | None = None  # [S, Lb] int64 padded with V
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.seeds_positions.shape[1])
+
+
+def sequence_seed(params_seed: int | None, index: int, rng: random.Random) -> int:
+    """Seed of completion `index` of a request: seed + index when the request has one (as vLLM
+    seeds n > 1 children), else a fresh draw from the engine's RNG."""
+    if params_seed is None:
+        return rng.getrandbits(63)
+    return (params_seed + index + 2**63) % 2**64 - 2**63  # wrapped into int64
+
+
+def _padded(lists: list[Sequence[int] | None], width_rows: list[int], num_rows: int,
+            pad: int) -> np.ndarray:
+    """[S, L] int64 with lists[i] in the rows of width_rows, padding elsewhere."""
+    width = max([len(lists[i] or ()) for i in width_rows] + [1])
+    out = np.full((num_rows, width), pad, dtype=np.int64)
+    for i in width_rows:
+        ids = lists[i]
+        if ids:
+            out[i, :len(ids)] = ids
+    return out
+
+
+class SamplingBatchBuilder:
+    """Builds each step's SamplingBatch; one per engine."""
+
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int] = ()) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = [int(t) for t in eos_token_ids if 0 <= int(t) < vocab_size]
+        self._last_params: list[SamplingParams] = []
+        self._static: _StaticPart | None = None
+
+    def build(self, rows: Sequence[SamplingRow | tuple]) -> SamplingBatch:
+        if not rows:
+            raise ValueError("a sampling batch needs at least one row")
+        columns = list(zip(*rows))
+        params, seeds, positions = columns[0], columns[1], columns[2]
+        static = self._static
+        if (static is None or len(params) != len(self._last_params)
+                or not all(map(operator.is_, params, self._last_params))):
+            static = self._static = self._build_static(params)
+            self._last_params = list(params)
+        batch = SamplingBatch(static.static_id, static.arrays, static.flags,
+                              np.array((seeds, positions), dtype=np.int64), static.logprob_counts)
+        num_rows, pad = len(params), self.vocab_size
+        if static.pen_rows:
+            if len(columns) < 5:
+                raise ValueError("penalties need each row's prompt and output token ids")
+            batch.output_token_ids = _padded(columns[4], static.pen_rows, num_rows, pad)
+            if static.rep_rows:
+                batch.prompt_token_ids = _padded(columns[3], static.rep_rows, num_rows, pad)
+        if static.min_token_rows:
+            active = [(row, ids) for row, min_tokens, ids in static.min_token_rows
+                      if positions[row] < min_tokens]
+            if active:
+                banned = [None] * num_rows
+                for row, ids in active:
+                    banned[row] = ids
+                batch.banned_token_ids = _padded(banned, [r for r, _ in active], num_rows, pad)
+        return batch
+
+    def _build_static(self, params: Sequence[SamplingParams]) -> _StaticPart:
+        vocab = self.vocab_size
+        greedy = [p.temperature < SAMPLING_EPS for p in params]
+        temps = np.array([0.0 if g else p.temperature for p, g in zip(params, greedy)], np.float32)
+        top_k = np.array([0 if g or p.top_k >= vocab else max(p.top_k, 0)
+                          for p, g in zip(params, greedy)], np.int64)
+        top_p = np.array([1.0 if g else p.top_p for p, g in zip(params, greedy)], np.float32)
+        min_p = np.array([0.0 if g else p.min_p for p, g in zip(params, greedy)], np.float32)
+        arrays = dict(temperatures=temps, top_k=top_k, top_p=top_p, min_p=min_p)
+        for name, attr, off in (("presence_penalties", "presence_penalty", 0.0),
+                                ("frequency_penalties", "frequency_penalty", 0.0),
+                                ("repetition_penalties", "repetition_penalty", 1.0)):
+            values = np.array([getattr(p, attr) for p in params], np.float32)
+            if (values != off).any():
+                arrays[name] = values
+        counts = [p.logprobs for p in params]
+        all_greedy = all(greedy)
+        flags = dict(
+            num_logprobs=max((c or 0 for c in counts), default=0),
+            need_logprobs=any(c is not None for c in counts),
+            all_greedy=all_greedy, any_greedy=any(greedy),
+            any_top_k=bool((top_k > 0).any()), any_top_p=bool((top_p < 1.0).any()),
+            any_min_p=bool((min_p > 0.0).any()),
+            max_top_k=int(top_k.max()) if (top_k > 0).any() else None)
+        min_rows = []
+        for row, p in enumerate(params):
+            if p.min_tokens > 0:
+                ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                ids = sorted(i for i in ids if i < vocab)
+                if ids:
+                    min_rows.append((row, p.min_tokens, ids))
+        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
+        return _StaticPart(next(_static_ids), arrays, flags, counts, min_rows, rep_rows, pen_rows)
+
+
+class SamplingTensorsCache:
+    """Runner side: SamplingBatch -> SamplingTensors on `device`, reusing the static tensors of
+    the previous batch when its static_id is the same."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._static_id = 0
+        self._static: dict[str, torch.Tensor] = {}
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+    def get(self, batch: SamplingBatch) -> SamplingTensors:
+        if batch.static_id != self._static_id:
+            self._static = {k: self._to_device(v) for k, v in batch.arrays.items()}
+            self._static_id = batch.static_id
+        seeds_positions = self._to_device(batch.seeds_positions)  # [2, S]
+        extra = {name: self._to_device(value) for name in
+                 ("prompt_token_ids", "output_token_ids", "banned_token_ids")
+                 if (value := getattr(batch, name)) is not None}
+        return SamplingTensors(seeds=seeds_positions[0], positions=seeds_positions[1],
+                               **self._static, **extra, **batch.flags)
+
+
+class SampleResult(NamedTuple):
+    token_id: int
+    logprob: float | None  # chosen token's logprob (None unless the request asked for logprobs)
+    logprobs: dict[int, Logprob] | None  # chosen token + top `logprobs` tokens
+
+
+def step_result_fields(out: SamplerOutput) -> dict[str, list | None]:
+    """SamplerOutput -> plain lists (the one host sync of a step), as StepResult's fields."""
+    def host(t: torch.Tensor | None) -> list | None:
+        return None if t is None else t.tolist()
+    return dict(token_ids=host(out.token_ids), logprobs=host(out.logprobs), ranks=host(out.ranks),
+                topk_ids=host(out.topk_ids), topk_logprobs=host(out.topk_logprobs))
+
+
+def unpack_results(result: Any, logprob_counts: Sequence[int | None]) -> list[SampleResult]:
+    """Host results (StepResult-like: token_ids, logprobs, ranks, topk_ids, topk_logprobs as
+    lists or a dict of them, or a SamplerOutput) -> one SampleResult per row, with logprob dicts for the rows whose
+    request asked for them (`logprob_counts[i]` = that request's SamplingParams.logprobs)."""
+    if isinstance(result, SamplerOutput):
+        result = SimpleResult(**step_result_fields(result))
+    elif isinstance(result, dict):
+        result = SimpleResult(**result)
+    token_ids = result.token_ids
+    if len(token_ids) != len(logprob_counts):
+        raise ValueError(f"{len(token_ids)} sampled ids for {len(logprob_counts)} rows")
+    out = []
+    for i, (token_id, count) in enumerate(zip(token_ids, logprob_counts)):
+        if count is None or result.logprobs is None:
+            out.append(SampleResult(token_id, None, None))
+            continue
+        chosen = float(result.logprobs[i])
+        entries = {token_id: Logprob(chosen, int(result.ranks[i]))}
+        if count > 0 and result.topk_ids is not None:
+            for rank, (tok, lp) in enumerate(zip(result.topk_ids[i][:count],
+                                                 result.topk_logprobs[i][:count]), start=1):
+                entries.setdefault(tok, Logprob(float(lp), rank))
+        out.append(SampleResult(token_id, chosen, entries))
+    return out
+
+
+class SimpleResult(NamedTuple):
+    token_ids: list[int]
+    logprobs: list[float] | None
+    ranks: list[int] | None
+    topk_ids: list[list[int]] | None
+    topk_logprobs: list[list[float]] | None
