@@ -127,29 +127,28 @@ def test_compute_logits_without_context_returns_every_row(tiny_qwen3_dir: Path) 
     assert model.compute_logits(hidden).shape == (3, 384)
 
 
-def _triton_backend_ready() -> str | None:
-    try:
-        import nv_kernels
-    except ImportError as exc:
-        return str(exc)
-    code = ("import os; os.environ['TRITON_INTERPRET']='1'; import nv_kernels; "
-            "nv_kernels.get_backend('triton', device='cpu')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    return None if proc.returncode == 0 and "triton" in nv_kernels.available_backends() + ["triton"] \
-        else (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+_TRITON_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import nv_kernels
+try:
+    nv_kernels.get_backend("triton", device="cpu")
+except (ImportError, ValueError) as exc:
+    print("SKIP", exc)
+    raise SystemExit(0)
+import test_model_vs_hf as t
+print("ERR", t.run_prefill_then_decode(Path(sys.argv[2]), "triton", 2))
+"""
 
 
 def test_triton_backend_interpreted_matches_hf(tiny_qwen3_dir: Path) -> None:
     """Same prefill + decode with the Triton kernels under TRITON_INTERPRET=1 (in a subprocess,
     since the interpreter flag must be set before triton compiles anything)."""
-    reason = _triton_backend_ready()
-    if reason is not None:
-        pytest.skip(f"nv_kernels triton backend not usable in interpreter mode: {reason}")
-    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-            "import test_model_vs_hf as t; print('ERR', t.run_prefill_then_decode(Path(sys.argv[2]), 'triton', 2))")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(tiny_qwen3_dir)],
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(Path(__file__).parent), str(tiny_qwen3_dir)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    err = float(proc.stdout.split("ERR")[-1])
-    assert err < TOL
+    if "SKIP" in proc.stdout:
+        pytest.skip("nv_kernels triton backend unavailable: " + proc.stdout.split("SKIP", 1)[1].strip())
+    assert float(proc.stdout.split("ERR")[-1]) < TOL
