@@ -55,6 +55,8 @@ class ModelRunner:
         from nv_layers.parallel_state import get_tp_rank
         from nv_layers.sampler import Sampler
 
+        from nv_engine.sampling_batch import SamplingTensorsCache
+
         self.config, self.rank = config, rank
         self.device = runner_device(config, rank)
         if self.device.type == "cuda":
@@ -64,6 +66,7 @@ class ModelRunner:
         self.model = self._build_model()
         self.backend = get_backend(config.attention_backend, self.device)
         self.sampler = Sampler()
+        self.sampling_cache = SamplingTensorsCache(self.device)
         self.attention_layers = [m for m in self.model.modules()
                                  if hasattr(m, "k_cache") and hasattr(m, "v_cache")]
         if not self.attention_layers:
@@ -267,7 +270,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden)                # [S, V]
         if not self.is_driver:
             return
-        out = self.sampler(logits, sampling_tensors(step.sampling, logits.shape[0], self.device))
+        out = self.sampler(logits, sampling_tensors(self, step.sampling, logits.shape[0]))
         self.results.start(out)
 
     def collect(self) -> StepResult | None:

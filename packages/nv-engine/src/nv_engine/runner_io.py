@@ -100,13 +100,12 @@ def dummy_sampling_tensors(num_rows: int, device: torch.device) -> Any:
         all_greedy=False, any_greedy=True, any_top_k=True, any_top_p=True, any_min_p=True)
 
 
-def sampling_tensors(sampling: Any, num_rows: int, device: torch.device) -> Any:
+def sampling_tensors(runner: "ModelRunner", sampling: Any, num_rows: int) -> Any:
     """The sampler's tensors for this step: greedy when the step carries no sampling batch."""
     if sampling is None:
-        return greedy_sampling_tensors(num_rows, device)
-    to_tensors = getattr(sampling, "to_tensors", None)
-    if to_tensors is not None:
-        return to_tensors(device)
+        return greedy_sampling_tensors(num_rows, runner.device)
+    if hasattr(sampling, "static_id"):  # nv_engine.sampling_batch.SamplingBatch
+        return runner.sampling_cache.get(sampling)
     return sampling  # already SamplingTensors
 
 
