@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from nv_layers.sampler import (Sampler, SamplingTensors, gumbel_noise, row_keys, token_keys)
+from nv_layers.sampler import (Sampler, SamplingTensors, gumbel_noise, row_keys, token_keys,
+                               uniform_from_bits)
 
 
 def make_tensors(num_rows: int, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seeds=None,
@@ -80,6 +81,10 @@ def test_noise_keys_stay_in_32_bits_and_uniform_is_open_interval():
     assert len(set(tok.tolist())) == 4096  # bijective per-token keys
     g = gumbel_noise(keys, tok)
     assert bool(torch.isfinite(g).all())
+    # The extreme hash values map strictly inside (0, 1), so the noise is always finite.
+    u = uniform_from_bits(torch.tensor([0, 2**32 - 1, 2**31], dtype=torch.int64))
+    assert 0.0 < float(u[0]) and float(u[1]) < 1.0 and float(u[2]) == 0.5 + 2**-24
+    assert bool(torch.isfinite(u.log().neg().log()).all())
     # Gumbel(0, 1) has mean ~0.5772 and variance pi^2 / 6.
     assert abs(g.mean().item() - 0.5772) < 0.02
     assert abs(g.var().item() - math.pi ** 2 / 6) < 0.05

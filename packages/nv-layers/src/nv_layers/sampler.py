@@ -100,11 +100,15 @@ def token_keys(vocab_size: int, device: torch.device | str) -> Tensor:
 
 def gumbel_noise(keys: Tensor, tok_keys: Tensor) -> Tensor:
     """[S, V] float32 Gumbel noise -log(E), E = -log(U) ~ Exp(1), U from hash(row key, token key)."""
-    x = _mix32_(keys[:, None] ^ tok_keys[None, :])  # [S, V] int64
-    u = (x >> 8).to(torch.float32)  # 24 random bits, exact in float32
-    del x
-    u.add_(0.5).mul_(1.0 / (1 << 24))  # U in (0, 1)
+    u = uniform_from_bits(_mix32_(keys[:, None] ^ tok_keys[None, :]))  # [S, V]
     return u.log_().neg_().log_().neg_()
+
+
+def uniform_from_bits(x: Tensor) -> Tensor:
+    """int64 values in [0, 2**32) -> float32 U strictly inside (0, 1): the top 23 bits plus a half
+    step ((m + 0.5) / 2**23 needs 24 significant bits, exact in float32; 24 bits would round the
+    largest value up to exactly 1.0, and log(-log 1) is -inf)."""
+    return (x >> 9).to(torch.float32).add_(0.5).mul_(1.0 / (1 << 23))
 
 
 def _id_mask(ids: Tensor, vocab_size: int) -> Tensor:
