@@ -113,6 +113,6 @@ def prefill_attention(
         GROUP=group, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps or (8 if on_gpu and head_dim > 64 else 4), num_stages=num_stages or 2,
+        num_warps=num_warps or (8 if on_gpu and head_dim > 64 else 4), num_stages=num_stages or 3,
     )
     return out
