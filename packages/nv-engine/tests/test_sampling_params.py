@@ -27,6 +27,7 @@ def test_normalisation_and_derived_views():
     assert SamplingParams(seed=1).sampling_type == SamplingType.RANDOM_SEED
     assert SamplingParams(repetition_penalty=1.2).has_penalties
     assert SamplingParams(max_tokens=None, logprobs=0, top_k=5, n=3).max_tokens is None
+    assert SamplingParams(repetition_penalty=3.0, top_k=2**40).repetition_penalty == 3.0
     stops = ["a", "b"]
     q = SamplingParams(stop=stops)
     q.clone().stop.append("c")
@@ -38,7 +39,7 @@ def test_normalisation_and_derived_views():
     ("temperature", "hot"), ("top_p", 0.0), ("top_p", 1.01), ("top_k", -2), ("top_k", 2.0),
     ("min_p", -0.1), ("min_p", 1.5), ("max_tokens", 0), ("max_tokens", 3.0), ("min_tokens", -1),
     ("presence_penalty", 2.5), ("frequency_penalty", -2.5), ("repetition_penalty", 0.0),
-    ("repetition_penalty", 3.0), ("logprobs", -1), ("logprobs", 21), ("logprobs", True),
+    ("repetition_penalty", -1.0), ("top_p", float("inf")), ("min_p", float("nan")), ("logprobs", -1), ("logprobs", 21), ("logprobs", True),
     ("seed", "x"), ("stop", 5), ("stop", ["ok", ""]), ("stop", ["ok", 3]),
     ("stop_token_ids", [1, "2"]), ("stop_token_ids", [-1]), ("stop_token_ids", 5),
 ])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -85,8 +86,8 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(self, name)
-            if not _is_number(value) or value != value:  # rejects NaN too
-                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not _is_number(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}")
@@ -97,8 +98,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}")
 
     def _check_stops(self) -> None:
         stop = self.stop
