@@ -10,11 +10,12 @@ from nv_layers.loader import load_safetensors
 from nv_layers.norm import RMSNorm
 from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
 from nv_layers.rotary import RopeConfig, RotaryEmbedding, get_rope, rope_config_from_hf
+from nv_layers.sampler import Sampler, SamplerOutput, SamplingTensors
 
 __all__ = [
     "Attention", "ColumnParallelLinear", "ForwardContext", "MergedColumnParallelLinear", "ParallelLMHead",
     "QKVParallelLinear", "RMSNorm", "ReplicatedLinear", "RopeConfig", "RotaryEmbedding", "RowParallelLinear",
-    "SiluAndMul", "VocabParallelEmbedding", "__version__", "current_forward_context", "forward_context",
+    "Sampler", "SamplerOutput", "SamplingTensors", "SiluAndMul", "VocabParallelEmbedding", "__version__", "current_forward_context", "forward_context",
     "get_forward_context", "get_rope", "get_tp_group", "get_tp_rank", "get_tp_size", "load_safetensors",
     "rope_config_from_hf",
 ]
