@@ -208,6 +208,7 @@ class WorkerGroup:
             closing = self._closing
         if closing:
             return
+        proc.join(1.0)  # the sentinel can fire just before the exit status is available
         reason = f"worker rank {rank} (pid {proc.pid}) died with exit code {proc.exitcode}"
         self.mark_broken(reason, death=True)
         self.replies.put((rank, DEAD, -1, reason))
