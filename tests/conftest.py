@@ -18,7 +18,7 @@ Default shape (TINY_DEFAULTS): vocab 384, hidden 64, 2 layers, 4 query heads, 2 
 intermediate 128, max_position_embeddings 512; every TP size in {1, 2} divides it. Weights are
 random with std 0.1, and RMSNorm weights / biases are randomised too (HF would init them to 1 / 0),
 so a wrongly loaded norm or bias shows up in the logits. Load the HF reference with
-`AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)`.
+`AutoModelForCausalLM.from_pretrained(path).float()`.
 """
 from __future__ import annotations
 
