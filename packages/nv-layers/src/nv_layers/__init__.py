@@ -15,7 +15,8 @@ from nv_layers.sampler import Sampler, SamplerOutput, SamplingTensors
 __all__ = [
     "Attention", "ColumnParallelLinear", "ForwardContext", "MergedColumnParallelLinear", "ParallelLMHead",
     "QKVParallelLinear", "RMSNorm", "ReplicatedLinear", "RopeConfig", "RotaryEmbedding", "RowParallelLinear",
-    "Sampler", "SamplerOutput", "SamplingTensors", "SiluAndMul", "VocabParallelEmbedding", "__version__", "current_forward_context", "forward_context",
+    "Sampler", "SamplerOutput", "SamplingTensors", "SiluAndMul", "VocabParallelEmbedding", "__version__",
+    "current_forward_context", "forward_context",
     "get_forward_context", "get_rope", "get_tp_group", "get_tp_rank", "get_tp_size", "load_safetensors",
     "rope_config_from_hf",
 ]

@@ -26,9 +26,9 @@ class Attention(nn.Module):
         # q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]
         ctx = get_forward_context()
         num_tokens = q.shape[0]
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.k_cache.numel() == 0:
             out = self._attend_without_cache(q, k, v, ctx)
         else:

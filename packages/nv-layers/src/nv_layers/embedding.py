@@ -68,4 +68,6 @@ class ParallelLMHead(VocabParallelEmbedding):
             hidden = hidden.index_select(0, ctx.logits_indices)       # [S, H]
         logits = F.linear(hidden, self.weight)                         # [S, V_rank]
         logits = tp_all_gather_last_dim(logits)                        # [S, V_rank * tp]
-        return logits[..., : self.num_embeddings] if logits.shape[-1] != self.num_embeddings else logits
+        if logits.shape[-1] != self.num_embeddings:                    # drop the padding rows' logits
+            logits = logits[..., : self.num_embeddings].contiguous()
+        return logits                                                  # [S, V]
