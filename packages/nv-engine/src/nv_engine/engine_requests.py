@@ -28,6 +28,7 @@ class Completion:
     seq: Sequence | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    quiet: bool = False                         # engine fast path: see LLMEngine._new_sequence
     _final_text: str | None = None
 
     def text(self, tokenizer: Any) -> str:

@@ -58,14 +58,16 @@ class BlockTableCache:
     def __init__(self, max_blocks_per_seq: int, initial_rows: int = 64) -> None:
         self.max_blocks = max_blocks_per_seq
         self.table = np.zeros((initial_rows, max_blocks_per_seq), dtype=np.int32)  # [R, M]
-        self.num_written = np.zeros(initial_rows, dtype=np.int64)                  # [R]
+        self.num_written = [0] * initial_rows      # per row: leading entries in sync
+        self.last_written = [-1] * initial_rows    # per row: table[row, num_written - 1]
         self.row_of: dict[int, int] = {}           # seq_id -> row
         self.free_rows = list(range(initial_rows - 1, -1, -1))
 
     def _grow(self) -> None:
         old = self.table.shape[0]
         self.table = np.concatenate([self.table, np.zeros_like(self.table)])
-        self.num_written = np.concatenate([self.num_written, np.zeros_like(self.num_written)])
+        self.num_written += [0] * old
+        self.last_written += [-1] * old
         self.free_rows.extend(range(2 * old - 1, old - 1, -1))
 
     def release(self, seq_id: int) -> None:
@@ -78,22 +80,26 @@ class BlockTableCache:
     def row(self, seq: Sequence) -> int:
         """The sequence's row, brought up to date with its block table."""
         row = self.row_of.get(seq.seq_id)
+        blocks = seq.block_table
+        num_blocks = len(blocks)
         if row is None:
             if not self.free_rows:
                 self._grow()
             row = self.row_of[seq.seq_id] = self.free_rows.pop()
-            self.num_written[row] = 0
-        blocks = seq.block_table
-        written = int(self.num_written[row])
-        num_blocks = len(blocks)
-        # A table that shrank or whose last written entry changed was replaced: rewrite it all.
-        if num_blocks < written or (written and self.table[row, written - 1] != blocks[written - 1]):
             written = 0
+        else:
+            written = self.num_written[row]
+            if num_blocks == written and (not written or self.last_written[row] == blocks[-1]):
+                return row                       # unchanged (most decode steps)
+            # A table that shrank or whose last written entry changed was replaced: rewrite it all.
+            if num_blocks < written or (written and self.last_written[row] != blocks[written - 1]):
+                written = 0
+        if num_blocks > self.max_blocks:
+            raise AssertionError(f"sequence {seq.seq_id} holds {num_blocks} blocks > {self.max_blocks}")
         if num_blocks > written:
-            if num_blocks > self.max_blocks:
-                raise AssertionError(f"sequence {seq.seq_id} holds {num_blocks} blocks > {self.max_blocks}")
             self.table[row, written:num_blocks] = blocks[written:]
-            self.num_written[row] = num_blocks
+        self.num_written[row] = num_blocks
+        self.last_written[row] = blocks[-1] if num_blocks else -1
         return row
 
 
@@ -112,13 +118,15 @@ class StepBuilder:
             self.blocks.release(seq.seq_id)
         scheduled = out.scheduled
         bs = self.block_size
-        rows = np.fromiter((self.blocks.row(s.seq) for s in scheduled), dtype=np.int64,
-                           count=len(scheduled))                                      # [B]
-        starts = np.fromiter((s.seq.num_computed_tokens for s in scheduled), dtype=np.int64,
-                             count=len(scheduled))                                    # [B]
+        row_of = self.blocks.row
+        rows_list, starts_list = [], []
+        for s in scheduled:
+            rows_list.append(row_of(s.seq))
+            starts_list.append(s.seq.num_computed_tokens)
+        rows = np.array(rows_list, dtype=np.int64)                                    # [B]
+        starts = np.array(starts_list, dtype=np.int64)                                # [B]
         if out.is_pure_decode:
-            input_ids = np.fromiter((s.seq.token_ids[-1] for s in scheduled), dtype=np.int64,
-                                    count=len(scheduled))
+            input_ids = np.array([s.seq.token_ids[-1] for s in scheduled], dtype=np.int64)
             positions = starts
             q_lens = np.ones(len(scheduled), dtype=np.int64)
             token_rows = rows

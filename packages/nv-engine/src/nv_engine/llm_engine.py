@@ -98,6 +98,9 @@ class LLMEngine:
                 min_tokens=params.min_tokens)
         completion = Completion(request, index, sequence_seed(params.seed, index, self.rng), detok,
                                 logprobs=[] if params.logprobs is not None else None)
+        # Quiet: no text, logprobs, streaming or siblings to handle until it finishes.
+        completion.quiet = (detok is None and params.logprobs is None and not self.stream_outputs
+                            and (params.n == 1 or index > 0))
         seq = Sequence(request.prompt_token_ids, request.rules, payload=completion)
         completion.seq = seq
         request.completions.append(completion)
@@ -156,6 +159,8 @@ class LLMEngine:
         for i, entry in enumerate(sampling):
             seq = entry.seq
             completion: Completion = seq.payload
+            if completion.quiet and not seq.is_finished:
+                continue                                   # nothing to record or report this step
             request = completion.request
             token_id = result.token_ids[i]
             if samples is not None and completion.logprobs is not None:

@@ -1,0 +1,305 @@
+"""LLM.generate against HF transformers on tiny random checkpoints (CPU, fp32), and on the GPU.
+
+Greedy tokens must equal HF's token for token, whatever the batching: chunked-prefill budgets,
+prefix-cache hits, preemption, n > 1 siblings, greedy rows next to sampled ones. Logprobs must
+equal HF's log_softmax. On the GPU: CUDA graphs vs eager, and bf16 at the Qwen3-0.6B shape by
+vLLM's check_logprobs_close rule (the helper is here).
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from nv_engine import LLM, LLMEngine, SamplingParams
+
+MAX_TOKENS = 40
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_cpu_thread():
+    """Tiny models run far faster on one thread (and do not stall on a busy 2-core machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 384) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, n).tolist() for n in lengths]
+
+
+def load_hf(model_dir, dtype=torch.float32, device="cpu"):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    except TypeError:  # transformers < 4.56
+        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype)
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], num_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """HF greedy decoding with its own KV cache: (tokens, log_softmax rows [num_tokens, V])."""
+    device = next(model.parameters()).device
+    out = model(torch.tensor([prompt], device=device), use_cache=True)
+    tokens, logprobs = [], []
+    for i in range(num_tokens):
+        lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        tokens.append(int(lp.argmax()))
+        logprobs.append(lp.cpu())
+        if i + 1 < num_tokens:
+            with warnings.catch_warnings():  # newer transformers renames past_key_values to cache
+                warnings.simplefilter("ignore", FutureWarning)
+                out = model(torch.tensor([[tokens[-1]]], device=device),
+                            past_key_values=out.past_key_values, use_cache=True)
+    return tokens, torch.stack(logprobs)
+
+
+@pytest.fixture(scope="module")
+def hf_ref(tiny_qwen3_dir):
+    model = load_hf(tiny_qwen3_dir)
+    cache: dict[tuple, tuple[list[int], torch.Tensor]] = {}
+
+    def ref(prompt: list[int], num_tokens: int = MAX_TOKENS) -> tuple[list[int], torch.Tensor]:
+        key = (tuple(prompt), num_tokens)
+        if key not in cache:
+            cache[key] = hf_greedy(model, prompt, num_tokens)
+        return cache[key]
+
+    return ref
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir):
+    engine = LLM(str(tiny_qwen3_dir))
+    yield engine
+    engine.shutdown()
+
+
+def check_logprobs_close(outputs_0: Sequence[tuple[list[int], list[dict[int, float]]]],
+                         outputs_1: Sequence[tuple[list[int], list[dict[int, float]]]],
+                         name_0: str = "0", name_1: str = "1") -> None:
+    """vLLM's rule (tests/models/utils.py): walk each pair of sequences; at the first differing
+    token, each side's token must be in the other's top-k logprobs at that position; then stop
+    comparing that pair (the continuations legitimately diverge)."""
+    assert len(outputs_0) == len(outputs_1)
+    for i, ((ids_0, lps_0), (ids_1, lps_1)) in enumerate(zip(outputs_0, outputs_1)):
+        for pos, (t0, t1) in enumerate(zip(ids_0, ids_1)):
+            if t0 == t1:
+                continue
+            assert t0 in lps_1[pos], (f"prompt {i}, token {pos}: {name_0} chose {t0}, not in {name_1}'s "
+                                      f"top logprobs {lps_1[pos]}")
+            assert t1 in lps_0[pos], (f"prompt {i}, token {pos}: {name_1} chose {t1}, not in {name_0}'s "
+                                      f"top logprobs {lps_0[pos]}")
+            break
+
+
+def _nv_with_logprobs(outputs) -> list[tuple[list[int], list[dict[int, float]]]]:
+    return [(o.outputs[0].token_ids, [{t: lp.logprob for t, lp in d.items()} for d in o.outputs[0].logprobs])
+            for o in outputs]
+
+
+def _hf_with_logprobs(refs, k: int) -> list[tuple[list[int], list[dict[int, float]]]]:
+    result = []
+    for tokens, lps in refs:
+        top = lps.topk(k, dim=-1)
+        result.append((tokens, [dict(zip(ids.tolist(), vals.tolist())) for vals, ids in zip(top.values, top.indices)]))
+    return result
+
+
+# ---- CPU ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", [16, 64, None], ids=["chunk16", "chunk64", "unlimited"])
+def test_greedy_batch_matches_hf(tiny_qwen3_dir, hf_ref, budget):
+    prompts = _prompts([3, 17, 33, 50, 71])
+    llm = LLM(str(tiny_qwen3_dir), max_num_batched_tokens=budget) if budget else None
+    try:
+        outputs = (llm or LLM(str(tiny_qwen3_dir))).generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        if llm:
+            llm.shutdown()
+    for prompt, out in zip(prompts, outputs):
+        assert out.prompt_token_ids == prompt
+        assert out.outputs[0].token_ids == hf_ref(prompt)[0]
+        assert out.outputs[0].finish_reason == "length"
+
+
+def test_string_prompt_matches_hf(llm, hf_ref):
+    out = llm.generate("Hello, world! How are you", GREEDY, use_tqdm=False)[0]
+    ids = llm.get_tokenizer().encode("Hello, world! How are you")
+    assert out.prompt_token_ids == ids and out.prompt == "Hello, world! How are you"
+    assert out.outputs[0].token_ids == hf_ref(ids)[0]
+    assert out.outputs[0].text == llm.get_tokenizer().decode(out.outputs[0].token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_prefix_caching_hits_and_matches_hf(tiny_qwen3_dir, hf_ref, caching):
+    prefix = _prompts([40], seed=1)[0]
+    prompts = [prefix + tail for tail in _prompts([5, 9, 12], seed=2)]
+    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=caching)
+    try:
+        first = llm.generate([prompts[0]], GREEDY, use_tqdm=False)[0]
+        rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert first.num_cached_tokens == 0
+    for prompt, out in zip(prompts, [first, *rest]):
+        assert out.outputs[0].token_ids == hf_ref(prompt)[0]
+    for out in rest:
+        assert out.num_cached_tokens == (32 if caching else 0)   # two full 16-token blocks of the prefix
+
+
+def test_preemption_gives_the_same_tokens(tiny_qwen3_dir, hf_ref):
+    prompts = _prompts([30, 31, 29, 33], seed=3)
+    engine = LLMEngine(model=str(tiny_qwen3_dir), num_gpu_blocks_override=10, stream_outputs=False)
+    preempted = []
+    schedule = engine.scheduler.schedule
+
+    def spy():
+        out = schedule()
+        preempted.extend(out.preempted)
+        return out
+
+    engine.scheduler.schedule = spy
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, GREEDY)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            done[out.request_id] = out
+    engine.shutdown()
+    assert preempted, "a 10-block cache for 4 x 70 tokens must preempt"
+    for i, prompt in enumerate(prompts):
+        assert done[str(i)].outputs[0].token_ids == hf_ref(prompt)[0]
+    assert engine.scheduler.block_manager.num_free_blocks == 10
+
+
+def test_n3_siblings_share_the_prompt_blocks(llm, hf_ref):
+    prompt = _prompts([40], seed=4)[0]
+    added = []
+    add = llm.llm_engine.scheduler.add
+    llm.llm_engine.scheduler.add = lambda seq: (added.append(seq), add(seq))[1]
+    try:
+        out = llm.generate([prompt], SamplingParams(n=3, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
+                           use_tqdm=False)[0]
+    finally:
+        llm.llm_engine.scheduler.add = add
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    for completion in out.outputs:
+        assert completion.token_ids == hf_ref(prompt)[0]
+    assert len(added) == 3 and [s.num_cached_tokens for s in added[1:]] == [32, 32]
+
+
+def test_n3_sampling_is_seeded(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
+    first = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0]
+    again = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0]
+    tokens = [c.token_ids for c in first.outputs]
+    assert tokens == [c.token_ids for c in again.outputs]
+    assert len({tuple(t) for t in tokens}) == 3       # seed + index: three different completions
+
+
+def test_mixed_greedy_and_sampled_batch(llm, hf_ref):
+    prompts = _prompts([6, 20, 11, 35], seed=5)
+    sampled = [SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=100 + i, max_tokens=20, ignore_eos=True)
+               for i in range(len(prompts))]
+    params = [GREEDY if i % 2 == 0 else sampled[i] for i in range(len(prompts))]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for i, (prompt, out) in enumerate(zip(prompts, outputs)):
+        if i % 2 == 0:
+            assert out.outputs[0].token_ids == hf_ref(prompt)[0]
+        else:  # a seeded row draws the same tokens alone as in a mixed batch
+            alone = llm.generate([prompt], sampled[i], use_tqdm=False)[0]
+            assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+            assert len(out.outputs[0].token_ids) == 20
+
+
+def test_logprobs_match_hf(llm, hf_ref):
+    prompts = _prompts([9, 24], seed=6)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                   logprobs=5), use_tqdm=False)
+    for prompt, out in zip(prompts, outputs):
+        tokens, ref = hf_ref(prompt)
+        completion = out.outputs[0]
+        assert completion.token_ids == tokens and len(completion.logprobs) == MAX_TOKENS
+        for pos, (token, entry) in enumerate(zip(tokens, completion.logprobs)):
+            assert entry[token].rank == 1
+            top = ref[pos].topk(5)
+            assert set(entry) == set(top.indices.tolist())
+            for tok, lp in entry.items():
+                assert abs(lp.logprob - float(ref[pos, tok])) < 1e-4, (pos, tok)
+        assert completion.cumulative_logprob == pytest.approx(float(sum(ref[i, t] for i, t in enumerate(tokens))),
+                                                              abs=1e-3)
+    check_logprobs_close(_nv_with_logprobs(outputs), _hf_with_logprobs([hf_ref(p) for p in prompts], 5), "nv", "hf")
+
+
+def test_check_logprobs_close_rule():
+    same = [([1, 2, 3], [{1: -0.1, 9: -2.0}, {2: -0.2, 8: -2.0}, {3: -0.1}])]
+    swapped = [([1, 8, 5], [{1: -0.1, 9: -2.0}, {8: -0.2, 2: -0.3}, {5: -0.1}])]
+    check_logprobs_close(same, swapped)                 # 2 vs 8 each in the other's top-k: ok, then stop
+    outside = [([1, 7, 3], [{1: -0.1}, {7: -0.1, 6: -0.5}, {3: -0.1}])]
+    with pytest.raises(AssertionError):
+        check_logprobs_close(same, outside)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_graphs_match_eager(tiny_qwen3_dir):
+    prompts = _prompts([3, 17, 33, 50, 71, 5, 9, 12, 40, 2, 66], seed=7)
+    params = [SamplingParams(temperature=0.0, max_tokens=10 + 7 * i, ignore_eos=True) for i in range(len(prompts))]
+    results = {}
+    for eager in (True, False):
+        llm = LLM(str(tiny_qwen3_dir), dtype="float32", enforce_eager=eager, gpu_memory_utilization=0.3)
+        runner = llm.llm_engine.executor.runner
+        assert (runner.graphs is None) == eager
+        results[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert results[True] == results[False]
+
+
+@pytest.fixture(scope="module")
+def qwen3_06b_dir(tmp_path_factory):
+    from nv_engine.random_model import write_random_checkpoint
+
+    return write_random_checkpoint(tmp_path_factory.mktemp("qwen3-0.6b") / "ckpt", "qwen3-0.6b",
+                                   dtype="bfloat16", with_tokenizer=False)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_qwen3_06b_bf16_follows_hf(qwen3_06b_dir):
+    prompts = _prompts([12, 100, 333, 37], seed=8, vocab=151936)
+    num_tokens, k = 32, 5
+    llm = LLM(str(qwen3_06b_dir), gpu_memory_utilization=0.4, max_model_len=1024)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True,
+                                                   logprobs=k), use_tqdm=False)
+    llm.shutdown()
+    hf = load_hf(qwen3_06b_dir, dtype=torch.bfloat16, device="cuda")
+    refs = [hf_greedy(hf, p, num_tokens) for p in prompts]
+    check_logprobs_close(_nv_with_logprobs(outputs), _hf_with_logprobs(refs, k), "nv", "hf")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_memory_stays_under_utilization(qwen3_06b_dir):
+    torch.cuda.empty_cache()
+    free_before, total = torch.cuda.mem_get_info()
+    others = total - free_before
+    utilization = 0.5
+    llm = LLM(str(qwen3_06b_dir), gpu_memory_utilization=utilization, max_model_len=4096)
+    prompts = _prompts([1000] * 64 + [3000] * 4, seed=9, vocab=151936)
+    llm.generate(prompts, SamplingParams(temperature=0.6, max_tokens=64, ignore_eos=True), use_tqdm=False)
+    free_after, _ = torch.cuda.mem_get_info()
+    used = total - free_after
+    llm.shutdown()
+    assert used <= utilization * total + 512 * 2**20, (used / 2**30, others / 2**30, total / 2**30)
