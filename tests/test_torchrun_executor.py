@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 SCRIPT = textwrap.dedent("""
     from nv_engine.executor import Executor, TorchrunExecutor
@@ -13,27 +14,37 @@ SCRIPT = textwrap.dedent("""
     ex = Executor.create(FakeConfig(tensor_parallel_size=2), "nv_engine.executor.testing:FakeRunner")
     assert isinstance(ex, TorchrunExecutor), type(ex)
     total = ex.call("rank_sum")           # every rank calls in lockstep; the all_reduce pairs up
-    echoed = ex.call("echo", ex.rank)
-    calls = ex.call("calls_sum")
-    print(f"rank {ex.rank}: sum={total} echo={echoed} calls={calls}", flush=True)
+    echoed = ex.call("echo", f"from rank {ex.rank}")   # every rank gets rank 0's result
+    try:
+        ex.call("raise_on", 1, before_collective=False)
+        failure = "none"
+    except Exception as exc:              # every rank learns that rank 1 failed
+        failure = type(exc).__name__ + ("+tb" if "Traceback" in str(exc) else "")
+    calls = ex.call("calls_sum")          # still in lockstep after the failure
+    print(f"rank {ex.rank}: sum={total} echo={echoed!r} failure={failure} calls={calls}", flush=True)
     if ex.is_driver:
         print("DRIVER-OUTPUT", flush=True)
     ex.shutdown()
 """)
 
 
-def test_torchrun_two_ranks_in_lockstep(tmp_path):
-    script = tmp_path / "tp_script.py"
-    script.write_text(SCRIPT)
+def run_torchrun(script: Path, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --standalone --nproc-per-node N script` with a clean env."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(script)],
-        capture_output=True, text=True, timeout=180, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(nproc), str(script)],
+        capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_torchrun_two_ranks_in_lockstep(tmp_path):
+    script = tmp_path / "tp_script.py"
+    script.write_text(SCRIPT)
+    proc = run_torchrun(script)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "rank 0: sum=3.0 echo=0 calls=2.0" in out, out
-    assert "rank 1: sum=3.0 echo=1 calls=2.0" in out, out
+    assert "rank 0: sum=3.0 echo='from rank 0' failure=RuntimeError+tb calls=2.0" in out, out
+    assert "rank 1: sum=3.0 echo='from rank 0' failure=ValueError calls=2.0" in out, out
     assert out.count("DRIVER-OUTPUT") == 1, out

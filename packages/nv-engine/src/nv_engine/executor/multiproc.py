@@ -23,7 +23,8 @@ from typing import Any
 from nv_engine.executor.base import Executor, in_process_allowed, register_in_process_runner
 from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, abort_group, backend_for,
                                             destroy_group, init_group, keep_nvls_off,
-                                            make_store_server, resolve_runner_cls, set_cuda_device)
+                                            make_store_server, resolve_runner_cls, set_cuda_device,
+                                            share_cpu_threads)
 from nv_engine.executor.group import WorkerGroup
 from nv_engine.executor.worker import ERR, encode
 
@@ -105,6 +106,7 @@ class MultiProcExecutor(Executor):
 
         def build() -> Any:
             set_cuda_device(config.device, 0)
+            share_cpu_threads(config.device, self.world_size)
             register_in_process_runner(+1)
             state.counted = True
             if self.world_size > 1:

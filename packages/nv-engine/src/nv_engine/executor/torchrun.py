@@ -3,12 +3,15 @@
 The engine on each rank makes the same scheduler decisions from the same inputs and seeds, so
 no control channel is needed: `call` runs the local runner and the collectives inside it pair up
 across ranks. torch.distributed uses the env:// rendezvous torchrun provides (MASTER_ADDR/PORT,
-RANK, WORLD_SIZE), so the group can span machines. Only rank 0 (`is_driver`) should print.
+RANK, WORLD_SIZE), so the group can span machines. Each call ends with one all_gather_object
+that hands rank 0's result to every rank (the engines stay in lockstep) and a failure on any rank
+to all of them. Only rank 0 (`is_driver`) should print.
 """
 from __future__ import annotations
 
 import datetime
 import os
+import traceback
 import weakref
 from typing import Any
 
@@ -63,7 +66,23 @@ class TorchrunExecutor(Executor):
         return self._holder[0]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.runner, method)(*args, **kwargs)
+        """Run locally, then share outcomes: every rank returns rank 0's result (the runner
+        returns sampled ids on rank 0 only), and every rank raises when any rank failed."""
+        runner = self.runner
+        result, error, trace = None, None, None
+        try:
+            result = getattr(runner, method)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank below
+            error, trace = exc, traceback.format_exc()
+        outcomes: list[Any] = [None] * self.world_size
+        dist.all_gather_object(outcomes, (trace, result if self.rank == 0 else None))
+        if error is not None:
+            raise error
+        failed = [(rank, tb) for rank, (tb, _) in enumerate(outcomes) if tb is not None]
+        if failed:
+            rank, tb = failed[0]
+            raise RuntimeError(f"rank {rank} raised in {method}():\n{tb}")
+        return outcomes[0][1]
 
     def shutdown(self) -> None:
         self._finalizer()

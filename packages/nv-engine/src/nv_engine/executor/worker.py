@@ -41,13 +41,15 @@ def worker_main(*, rank: int, world_size: int, config: Any, runner_spec: Any, co
     # Ctrl-C reaches the whole process group; the driver decides what happens, workers keep going.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from nv_engine.executor.distributed import (destroy_group, init_group, keep_nvls_off,
-                                                resolve_runner_cls, set_cuda_device)
+                                                resolve_runner_cls, set_cuda_device,
+                                                share_cpu_threads)
 
     keep_nvls_off()
     runner = None
     try:
         _reply(conn, HELLO, -1, os.getpid())
         set_cuda_device(config.device, rank)
+        share_cpu_threads(config.device, world_size)
         if world_size > 1:
             init_group(backend=backend, rank=rank, world_size=world_size, timeout_s=timeout_s,
                        store_port=store_port)
