@@ -14,6 +14,7 @@ Ideas from vLLM's sampler (penalty semantics, sort-based top-k/top-p) and Gumbel
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -190,18 +191,41 @@ def compute_logprobs(logits: Tensor, token_ids: Tensor, num_logprobs: int
     return chosen.squeeze(1), ranks, topk_ids, topk_logprobs
 
 
-class Sampler(nn.Module):
-    """forward(logits [S, V], SamplingTensors) -> SamplerOutput; no host sync."""
+def _fused_gumbel_argmax() -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+    try:
+        from nv_layers.sampler_triton import gumbel_argmax
+    except Exception:  # noqa: BLE001 - no triton (or it cannot build here): torch path
+        return None
+    return gumbel_argmax
 
-    def __init__(self) -> None:
+
+class Sampler(nn.Module):
+    """forward(logits [S, V], SamplingTensors) -> SamplerOutput; no host sync.
+
+    use_triton: draw with the fused Triton kernel (nv_layers.sampler_triton) on CUDA; None = when
+    triton imports. The torch path is the reference and runs everywhere else.
+    """
+
+    def __init__(self, use_triton: bool | None = None) -> None:
         super().__init__()
         self._token_keys: Tensor | None = None
+        self.use_triton = use_triton
+        self._fused: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
 
     def token_keys(self, vocab_size: int, device: torch.device) -> Tensor:
         cached = self._token_keys
         if cached is None or cached.shape[0] != vocab_size or cached.device != device:
             cached = self._token_keys = token_keys(vocab_size, device)
         return cached
+
+    def _fused_kernel(self) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+        if self.use_triton is False:
+            return None
+        if self._fused is None:
+            self._fused = _fused_gumbel_argmax()
+            if self._fused is None and self.use_triton:
+                raise RuntimeError("Sampler(use_triton=True) needs triton (nv_layers.sampler_triton)")
+        return self._fused
 
     def forward(self, logits: Tensor, t: SamplingTensors) -> SamplerOutput:
         if logits.dim() != 2:
@@ -235,8 +259,12 @@ class Sampler(nn.Module):
         if t.any_min_p:
             scaled = apply_min_p(scaled, t.min_p)
         keys = row_keys(t.seeds, t.positions)  # [S]
-        scaled.add_(gumbel_noise(keys, self.token_keys(scaled.shape[1], scaled.device)))
-        sampled = scaled.argmax(dim=-1)  # [S]
+        tok_keys = self.token_keys(scaled.shape[1], scaled.device)  # [V]
+        fused = self._fused_kernel() if scaled.is_cuda else None
+        if fused is not None:
+            sampled = fused(scaled, keys, tok_keys)
+        else:
+            sampled = scaled.add_(gumbel_noise(keys, tok_keys)).argmax(dim=-1)  # [S]
         if greedy_ids is None:
             return sampled
         return torch.where(greedy, greedy_ids, sampled)
