@@ -38,9 +38,11 @@ class Completion:
         if tokenizer is None or not finished:
             return ""
         if self._final_text is None:
+            # A multi-byte character cut at the end decodes to U+FFFD: dropped, as the incremental
+            # detokenizer never emits it either.
             self._final_text = tokenizer.decode(
                 self.seq.output_token_ids, skip_special_tokens=self.request.params.skip_special_tokens,
-                clean_up_tokenization_spaces=False)
+                clean_up_tokenization_spaces=False).rstrip("\ufffd")
         return self._final_text
 
     def to_output(self, tokenizer: Any) -> CompletionOutput:
