@@ -127,6 +127,7 @@ def test_top_k_top_p_min_p_stay_in_allowed_set():
     probs = torch.softmax(logits, dim=-1)
     order = torch.argsort(logits, descending=True).tolist()
     top8_probs = torch.softmax(logits.masked_fill(logits < logits[order[7]], -math.inf), dim=-1)
+    minp_probs = torch.softmax(logits.masked_fill(probs < 0.1 * probs.max(), -math.inf), dim=-1)
     n = 3000
     cases = [
         (dict(top_k=5), set(order[:5])),
@@ -136,6 +137,8 @@ def test_top_k_top_p_min_p_stay_in_allowed_set():
         # top-p acts on the distribution renormalised after top-k (vLLM's order)
         (dict(top_k=8, top_p=0.5), allowed_top_p(top8_probs, 0.5)),
         (dict(top_k=1), {order[0]}),
+        # min-p first, then top-p on what is left, renormalised (vLLM v1's order)
+        (dict(min_p=0.1, top_p=0.7), allowed_top_p(minp_probs, 0.7)),
     ]
     for kwargs, allowed in cases:
         seen = set(draws(logits, n, **kwargs).tolist())

@@ -1,8 +1,8 @@
 """Token sampling on the device, with no host sync.
 
 Per row: penalties (vLLM's presence / frequency / repetition), banned ids (min_tokens), then greedy
-rows (temperature 0) take the argmax; the others are scaled by temperature, filtered by top-k, top-p
-and min-p, and sampled by the exponential race: argmax(p / E) with E ~ Exp(1), done in log space as
+rows (temperature 0) take the argmax; the others are scaled by temperature, filtered by min-p, then
+top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1), done in log space as
 argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a
 counter-based integer hash of (seed, position, token id) in int64 torch ops, so a seeded row draws
 the same token whatever batch, row or device-step it runs in.
@@ -254,10 +254,10 @@ class Sampler(nn.Module):
         if t.any_greedy:
             temps = torch.where(greedy, torch.ones_like(temps), temps)
         scaled = logits / temps[:, None]  # new tensor: later stages may work in place
+        if t.any_min_p:  # before top-k / top-p, as vLLM v1 (min-p is a logits processor there)
+            scaled = apply_min_p(scaled, t.min_p)
         if t.any_top_k or t.any_top_p:
             scaled = apply_top_k_top_p(scaled, t)
-        if t.any_min_p:
-            scaled = apply_min_p(scaled, t.min_p)
         keys = row_keys(t.seeds, t.positions)  # [S]
         tok_keys = self.token_keys(scaled.shape[1], scaled.device)  # [V]
         fused = self._fused_kernel() if scaled.is_cuda else None
