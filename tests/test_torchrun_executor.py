@@ -1,11 +1,9 @@
 """TorchrunExecutor under `torchrun --nproc-per-node 2` (CPU, gloo, env:// rendezvous)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
+
+from nv_engine.executor.testing import run_torchrun
 
 SCRIPT = textwrap.dedent("""
     from nv_engine.executor import Executor, TorchrunExecutor
@@ -26,17 +24,6 @@ SCRIPT = textwrap.dedent("""
         print("DRIVER-OUTPUT", flush=True)
     ex.shutdown()
 """)
-
-
-def run_torchrun(script: Path, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --standalone --nproc-per-node N script` with a clean env."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), str(script)],
-        capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_torchrun_two_ranks_in_lockstep(tmp_path):

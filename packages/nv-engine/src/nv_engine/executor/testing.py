@@ -133,3 +133,18 @@ def engine_decode_step(num_seqs: int = 256, context_len: int = 1024, block_size:
         cu_seqlens_q=np.arange(num_seqs + 1, dtype=np.int32), block_tables=block_tables,
         logits_indices=np.arange(num_seqs, dtype=np.int64), is_decode=True, max_seqlen_q=1,
         max_seqlen_k=context_len, sampling=sampling)
+
+
+def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 240) -> Any:
+    """`python -m torch.distributed.run --standalone --nproc-per-node N script args...` in a clean
+    environment (no inherited rank variables, one CPU thread per rank); a CompletedProcess."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(nproc), str(script), *args],
+        capture_output=True, text=True, timeout=timeout, env=env)

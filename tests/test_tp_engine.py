@@ -1,0 +1,94 @@
+"""LLM with tensor_parallel_size=2 on CPU (gloo) against TP=1: same greedy tokens, close logprobs.
+
+Covers both ways of running TP=2: spawned workers (rank 0 in this process, and all ranks in
+workers when this process already hosts a group) and `torchrun --nproc-per-node 2`.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nv_engine import LLM, SamplingParams
+from nv_engine.executor.testing import run_torchrun
+
+PROMPTS = [
+    "The quick brown fox jumps",
+    "Hello, world! How are you today? Paged attention stores keys",
+    "1 2 3",
+    "def main():\n    print(",
+]
+# A small batch budget forces chunked prefill and mixed prefill/decode steps.
+ENGINE_ARGS = dict(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=16, seed=0)
+MAX_TOKENS = 32
+
+
+def _params() -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
+
+
+def _run(llm: LLM) -> list[tuple[list[int], list[float]]]:
+    outputs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    results = []
+    for out in outputs:
+        completion = out.outputs[0]
+        chosen = [step[tok].logprob for tok, step in zip(completion.token_ids, completion.logprobs)]
+        results.append((list(completion.token_ids), chosen))
+    return results
+
+
+def _assert_same(reference, got) -> None:
+    for (ref_ids, ref_lp), (ids, lp) in zip(reference, got, strict=True):
+        assert ids == ref_ids
+        assert len(ids) == MAX_TOKENS
+        assert max(abs(a - b) for a, b in zip(lp, ref_lp)) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen3_dir):
+    llm = LLM(str(tiny_qwen3_dir), tensor_parallel_size=1, **ENGINE_ARGS)
+    try:
+        return _run(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_tp2_spawned_workers_match_tp1(tiny_qwen3_dir, reference):
+    with LLM(str(tiny_qwen3_dir), tensor_parallel_size=2, **ENGINE_ARGS) as llm:
+        executor = llm.llm_engine.executor
+        assert executor.world_size == 2 and executor.driver_in_process
+        _assert_same(reference, _run(llm))
+        # a second TP engine in this process keeps all its ranks in worker processes
+        with LLM(str(tiny_qwen3_dir), tensor_parallel_size=2, **ENGINE_ARGS) as other:
+            assert not other.llm_engine.executor.driver_in_process
+            _assert_same(reference, _run(other))
+        _assert_same(reference, _run(llm))     # the first engine is untouched
+
+
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests_dir!r})
+    from test_tp_engine import ENGINE_ARGS, LLM, _run
+
+    llm = LLM(sys.argv[1], tensor_parallel_size=2, **ENGINE_ARGS)
+    results = _run(llm)
+    executor = llm.llm_engine.executor
+    print(f"rank {{executor.rank}} done", flush=True)
+    if executor.is_driver:
+        print("RESULTS " + json.dumps(results), flush=True)
+    llm.shutdown()
+""")
+
+
+def test_tp2_under_torchrun_matches_tp1(tiny_qwen3_dir, reference, tmp_path):
+    script = tmp_path / "tp_engine_script.py"
+    script.write_text(TORCHRUN_SCRIPT.format(tests_dir=str(Path(__file__).parent)))
+    proc = run_torchrun(str(script), str(tiny_qwen3_dir))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "rank 0 done" in out and "rank 1 done" in out, out
+    lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
+    assert len(lines) == 1, out                      # only rank 0 reports
+    _assert_same(reference, [tuple(r) for r in json.loads(lines[0][len("RESULTS "):])])
