@@ -67,7 +67,8 @@ class LLM:
         engine = self.llm_engine
         wanted = set(ids)
         done: dict[str, RequestOutput] = {}
-        bar = _ProgressBar(len(ids)) if use_tqdm else None
+        # under torchrun every rank runs this loop; only rank 0 shows progress
+        bar = _ProgressBar(len(ids)) if use_tqdm and engine.executor.is_driver else None
         try:
             while engine.has_unfinished_requests():
                 outputs = engine.step()
