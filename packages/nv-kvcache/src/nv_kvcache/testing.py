@@ -85,8 +85,13 @@ def check_invariants(scheduler: Scheduler) -> None:
     free = bm.free_block_ids()
     assert len(free) == len(set(free)), "a block is twice in the free queue"
     holders: Counter[int] = Counter()
+    bs = bm.block_size
     for seq in running:
         assert seq.status is SequenceStatus.RUNNING, seq
+        for i, block_id in enumerate(seq.block_table):   # only full, computed blocks carry a hash
+            if bm.block_hash(block_id) is not None:
+                assert (i + 1) * bs <= seq.num_computed_tokens, f"block {i} hashed too early: {seq}"
+                assert bm._tokens[block_id] == seq.token_ids[i * bs:(i + 1) * bs], seq
         assert len(set(seq.block_table)) == len(seq.block_table), f"block twice in one table: {seq}"
         assert len(seq.block_table) * bm.block_size >= seq.num_computed_tokens, seq
         assert seq.num_computed_tokens < seq.num_tokens or seq.num_tokens == 0, seq
