@@ -194,3 +194,27 @@ def test_shutdown_and_garbage_collection_stop_workers():
     del ex
     gc.collect()
     _assert_clean(pids)
+
+
+two_gpus = pytest.mark.skipif(
+    not __import__("torch").cuda.is_available() or __import__("torch").cuda.device_count() < 2,
+    reason="needs 2 CUDA GPUs")
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_nccl_two_gpus_calls_and_dead_worker():
+    ex = Executor.create(FakeConfig(tensor_parallel_size=2, device="cuda"), RUNNER)
+    assert ex.driver_in_process and os.environ.get("NCCL_NVLS_ENABLE") == "0"
+    assert ex.call("rank_sum") == 3.0
+    blob = os.urandom(50 * 1024 * 1024)
+    assert ex.call("nbytes_sum", blob) == 2 * len(blob)
+    stats = measure_call_latency(ex, engine_decode_step(256, 1024), iters=100)
+    print(f"\nNCCL decode StepInput round trip: {stats}")
+    pids = list(ex.worker_pids.values())
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="died"):
+        ex.call("exit_on", 1, 7)    # rank 0 sits in an NCCL all_reduce: the executor aborts it
+    assert time.monotonic() - start < 15
+    ex.shutdown()
+    _assert_clean(pids)

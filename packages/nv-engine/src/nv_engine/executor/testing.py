@@ -26,6 +26,8 @@ class FakeConfig:
 def _sum(value: float) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64)
     if dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
         dist.all_reduce(t)
     return t.item()
 
