@@ -181,10 +181,14 @@ def test_worker_dying_inside_a_call_raises():
 
 
 def test_shutdown_and_garbage_collection_stop_workers():
+    import torch
+
+    threads = torch.get_num_threads()
     ex = MultiProcExecutor(FakeConfig(), RUNNER)
     pids = list(ex.worker_pids.values())
     ex.shutdown()
     ex.shutdown()   # idempotent
+    assert torch.get_num_threads() == threads   # rank 0's share of the cores is given back
     _assert_clean(pids)
     with pytest.raises(RuntimeError, match="closed"):
         ex.call("rank_sum")

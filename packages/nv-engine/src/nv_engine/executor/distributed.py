@@ -32,19 +32,22 @@ def set_cuda_device(device: str, local_rank: int) -> None:
         torch.cuda.set_device(local_rank)
 
 
-def share_cpu_threads(device: str, world_size: int) -> None:
+def share_cpu_threads(device: str, world_size: int) -> int | None:
     """On CPU, give each of the `world_size` ranks on this host its share of the cores.
 
     Idle OpenMP threads spin for a while after each parallel region; with every rank using all
     cores, the spinning starves the peer a collective waits for (measured: 100x slower steps on
-    2 cores). An explicit OMP_NUM_THREADS (torchrun sets 1) is left alone."""
+    2 cores). An explicit OMP_NUM_THREADS (torchrun sets 1) is left alone. Returns the previous
+    thread count when it changed it (None otherwise)."""
     if str(device).startswith("cuda") or world_size <= 1 or "OMP_NUM_THREADS" in os.environ:
-        return
+        return None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    previous = torch.get_num_threads()
     torch.set_num_threads(max(1, cores // world_size))
+    return previous
 
 
 def make_store_server(timeout_s: float) -> dist.TCPStore:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import threading
 import time
@@ -185,7 +186,7 @@ class WorkerGroup:
     def _read_one(self, conn: Connection, readers: dict[Connection, int]) -> None:
         rank = readers[conn]
         try:
-            kind, call_id, payload = _decode(conn.recv_bytes())
+            kind, call_id, payload = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             readers.pop(conn, None)  # the sentinel reports the exit
             return
@@ -212,9 +213,3 @@ class WorkerGroup:
         reason = f"worker rank {rank} (pid {proc.pid}) died with exit code {proc.exitcode}"
         self.mark_broken(reason, death=True)
         self.replies.put((rank, DEAD, -1, reason))
-
-
-def _decode(data: bytes) -> tuple[str, int, Any]:
-    import pickle
-
-    return pickle.loads(data)

@@ -20,6 +20,8 @@ import threading
 import weakref
 from typing import Any
 
+import torch
+
 from nv_engine.executor.base import Executor, in_process_allowed, register_in_process_runner
 from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, abort_group, backend_for,
                                             destroy_group, init_group, keep_nvls_off,
@@ -41,6 +43,7 @@ class _State:
         self.counted = False        # registered as an in-process runner
         self.owns_group = False     # this process joined a torch.distributed group for it
         self.closed: str | None = None
+        self.threads_before: int | None = None   # torch threads of this process before rank 0
         self.call_id = 0
         self.lock = threading.Lock()
 
@@ -63,6 +66,9 @@ class _State:
         if self.counted:
             register_in_process_runner(-1)
             self.counted = False
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = None
         if group is not None:
             group.join_and_stop()
             self.group = None
@@ -106,7 +112,7 @@ class MultiProcExecutor(Executor):
 
         def build() -> Any:
             set_cuda_device(config.device, 0)
-            share_cpu_threads(config.device, self.world_size)
+            state.threads_before = share_cpu_threads(config.device, self.world_size)
             register_in_process_runner(+1)
             state.counted = True
             if self.world_size > 1:
@@ -134,7 +140,11 @@ class MultiProcExecutor(Executor):
                 raise AttributeError(f"{type(state.runner).__name__} has no method {method!r}")
             state.call_id += 1
             call_id = state.call_id
-            state.group.broadcast(encode((call_id, method, args, kwargs)))
+            try:
+                state.group.broadcast(encode((call_id, method, args, kwargs)))
+            except RuntimeError:
+                state.close(state.group.broken or "a worker cannot be reached")
+                raise
             local = None
             if state.runner is not None:
                 runner = state.runner
