@@ -239,6 +239,17 @@ def test_logprobs_match_hf(llm, hf_ref):
     check_logprobs_close(_nv_with_logprobs(outputs), _hf_with_logprobs([hf_ref(p) for p in prompts], 5), "nv", "hf")
 
 
+def test_tensor_parallel_2_on_gloo_matches_hf(tiny_qwen3_dir, hf_ref):
+    prompts = _prompts([7, 40, 23], seed=10)
+    llm = LLM(str(tiny_qwen3_dir), tensor_parallel_size=2)
+    try:
+        outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == hf_ref(prompt)[0]
+
+
 def test_check_logprobs_close_rule():
     same = [([1, 2, 3], [{1: -0.1, 9: -2.0}, {2: -0.2, 8: -2.0}, {3: -0.1}])]
     swapped = [([1, 8, 5], [{1: -0.1, 9: -2.0}, {8: -0.2, 2: -0.3}, {5: -0.1}])]
