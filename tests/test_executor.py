@@ -222,3 +222,10 @@ def test_nccl_two_gpus_calls_and_dead_worker():
     assert time.monotonic() - start < 15
     ex.shutdown()
     _assert_clean(pids)
+
+
+def test_unpicklable_config_fails_cleanly():
+    config = FakeConfig(tag=lambda: None)   # a lambda cannot travel to a spawned worker
+    with pytest.raises(Exception, match="pickle|lambda"):
+        MultiProcExecutor(config, RUNNER)
+    assert not dist.is_initialized()

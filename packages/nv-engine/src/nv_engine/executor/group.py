@@ -43,13 +43,24 @@ class WorkerGroup:
         self._closing = False
         self._stopped = False
         self._wake_r, self._wake_w = os.pipe()
-        for rank in ranks:
-            parent_end, child_end = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=worker_main, name=f"nv-tp-worker-{rank}", daemon=True,
-                               kwargs=dict(worker_kwargs, rank=rank, conn=child_end))
-            proc.start()
-            child_end.close()
-            self.procs[rank], self.conns[rank] = proc, parent_end
+        try:
+            for rank in ranks:
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=worker_main, name=f"nv-tp-worker-{rank}", daemon=True,
+                                   kwargs=dict(worker_kwargs, rank=rank, conn=child_end))
+                self.conns[rank] = parent_end
+                proc.start()   # pickles the config: may raise
+                child_end.close()
+                self.procs[rank] = proc
+        except BaseException:
+            for proc in self.procs.values():
+                proc.kill()
+                proc.join()
+            for conn in self.conns.values():
+                conn.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            raise
         self._thread = threading.Thread(target=self._watch, name="nv-tp-watcher", daemon=True)
         self._thread.start()
 
@@ -156,6 +167,13 @@ class WorkerGroup:
 
     # ---- watcher thread ------------------------------------------------------------------------
     def _watch(self) -> None:
+        try:
+            self._watch_loop()
+        except BaseException as exc:  # never leave the driver waiting on a dead watcher
+            if not self._stopped:
+                self.mark_broken(f"the worker watcher thread failed: {exc!r}")
+
+    def _watch_loop(self) -> None:
         readers = {conn: rank for rank, conn in self.conns.items()}
         sentinels = {proc.sentinel: rank for rank, proc in self.procs.items()}
         while not self._stopped:
