@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.random_weights:
                 if args.checkpoint_dir is None:
                     tmp = tempfile.TemporaryDirectory(prefix="nv-load-ckpt-")
-                from nv_engine.server.testing import write_random_checkpoint
+                from nv_engine.server.testing import write_load_test_checkpoint
 
-                model = str(write_random_checkpoint(Path(args.checkpoint_dir or tmp.name), args.shape))
+                model = str(write_load_test_checkpoint(Path(args.checkpoint_dir or tmp.name), args.shape))
             proc, url = start_server(model, args, server_args)
         _wait_healthy(url, proc, args.startup_timeout)
         host, port = url.split("://", 1)[1].rsplit(":", 1)

@@ -181,8 +181,10 @@ class LogprobFormatter:
             tok = self.token_str(tid, chosen)
             out.tokens.append(tok)
             out.token_logprobs.append(_finite(chosen.logprob) if chosen is not None else None)
-            out.top_logprobs.append({self.token_str(t, lp): _finite(lp.logprob)
-                                     for t, lp in self._top(entry, k)})
+            top: dict[str, float] = {}
+            for t, lp in self._top(entry, k):   # best first; tokens that decode alike keep the best
+                top.setdefault(self.token_str(t, lp), _finite(lp.logprob))
+            out.top_logprobs.append(top)
             out.text_offset.append(offset)
             offset += len(tok)
         return out

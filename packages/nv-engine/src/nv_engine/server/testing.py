@@ -40,23 +40,15 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", startup_timeout: float = 
 
 
 # ------------------------------------------------------------------ random-weight checkpoints (load tests)
-# Shapes of known models; weights are random (serving speed does not depend on their values).
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True),
-    "tiny": dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 max_position_embeddings=4096, tie_word_embeddings=True),
-}
 _SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _full_vocab_tokenizer(vocab_size: int) -> Any:
+def full_vocab_tokenizer(vocab_size: int) -> Any:
     """A byte-level BPE tokenizer with exactly `vocab_size` ids (bytes, then byte pairs, then
-    triples, then the ChatML specials last), so every id a random model emits decodes to text."""
+    triples, then the ChatML specials last), so every id a random model emits decodes to text and
+    the server's detokenization costs what it would with a real vocabulary."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -65,19 +57,13 @@ def _full_vocab_tokenizer(vocab_size: int) -> Any:
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     merges: list[tuple[str, str]] = []
     pairs = [a + b for a in alphabet for b in alphabet]
-    for tok in pairs:
+    candidates = ((p[0], p[1]) for p in pairs)
+    triples = ((p, c) for p in pairs for c in alphabet)
+    for left, right in (*candidates, *triples):
         if len(vocab) >= regular:
             break
-        vocab[tok] = len(vocab)
-        merges.append((tok[0], tok[1]))
-    for left in pairs:
-        for c in alphabet:
-            if len(vocab) >= regular:
-                break
-            vocab[left + c] = len(vocab)
-            merges.append((left, c))
-        if len(vocab) >= regular:
-            break
+        vocab[left + right] = len(vocab)
+        merges.append((left, right))
     for s in _SPECIALS:
         vocab[s] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
@@ -89,35 +75,15 @@ def _full_vocab_tokenizer(vocab_size: int) -> Any:
     return fast
 
 
-def write_random_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", seed: int = 0) -> Path:
-    """A Qwen3 HF checkpoint dir (bf16 safetensors, config, tokenizer) of a known shape with random
-    weights. Reuses the dir when it already holds one. Tensors are made directly (no model init)."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def write_load_test_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", seed: int = 0) -> Path:
+    """nv_engine.random_model's random-weight Qwen3 checkpoint (bf16) plus a full-vocabulary
+    tokenizer. Reuses the dir when it already holds one."""
+    from transformers import AutoConfig
 
-    if shape not in SHAPES:
-        raise ValueError(f"shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    from nv_engine.random_model import write_random_checkpoint
+
     out = Path(out_dir)
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _full_vocab_tokenizer(SHAPES[shape]["vocab_size"])
-    eos = tokenizer.convert_tokens_to_ids(_SPECIALS[0])
-    config = Qwen3Config(**SHAPES[shape], eos_token_id=eos, pad_token_id=eos, bos_token_id=None,
-                         architectures=["Qwen3ForCausalLM"])
-    with torch.device("meta"):
-        names = {k: v.shape for k, v in Qwen3ForCausalLM(config).state_dict().items()}
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, shp in names.items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        if "norm" in name:
-            tensors[name] = torch.ones(shp, dtype=torch.bfloat16)
-        else:
-            tensors[name] = (0.02 * torch.randn(shp, generator=gen)).to(torch.bfloat16)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if not ((out / "model.safetensors").exists() and (out / "tokenizer.json").exists()):
+        write_random_checkpoint(out, shape, dtype="bfloat16", seed=seed, with_tokenizer=False)
+        full_vocab_tokenizer(AutoConfig.from_pretrained(out).vocab_size).save_pretrained(out)
     return out
