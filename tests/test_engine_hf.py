@@ -135,7 +135,8 @@ def test_string_prompt_matches_hf(llm, hf_ref):
     ids = llm.get_tokenizer().encode("Hello, world! How are you")
     assert out.prompt_token_ids == ids and out.prompt == "Hello, world! How are you"
     assert out.outputs[0].token_ids == hf_ref(ids)[0]
-    assert out.outputs[0].text == llm.get_tokenizer().decode(out.outputs[0].token_ids, skip_special_tokens=True)
+    full = llm.get_tokenizer().decode(out.outputs[0].token_ids, skip_special_tokens=True)
+    assert out.outputs[0].text == full.rstrip("\ufffd")    # a character cut at the end is not emitted
 
 
 @pytest.mark.parametrize("caching", [True, False])
