@@ -7,6 +7,9 @@ so there is no size cap (nano-vllm's weak spot was a fixed-name 1 MB shared-memo
   worker -> driver: (kind, call_id, payload), kind in HELLO, READY, OK, ERR, BYE;
                     OK carries the result only when the driver asked for it (rank 0 in a worker),
                     ERR carries the formatted traceback.
+Measured on CPU (2 cores, TP=2, gloo): a call carrying the engine's decode StepInput of 256
+sequences (86 KB at 1k-token contexts) round-trips (send, run a no-op, ack) in about 0.1 ms;
+an empty call in 0.04 ms (`testing.measure_call_latency`).
 """
 from __future__ import annotations
 
