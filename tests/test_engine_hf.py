@@ -240,6 +240,26 @@ def test_logprobs_match_hf(llm, hf_ref):
     check_logprobs_close(_nv_with_logprobs(outputs), _hf_with_logprobs([hf_ref(p) for p in prompts], 5), "nv", "hf")
 
 
+def test_emulated_decode_graphs_match_hf(tiny_qwen3_dir, hf_ref):
+    """The CUDA-graph input path on CPU: static staging addresses, batches padded to captured sizes
+    (padding rows: slot -1, length 0), context bound max_model_len; replays run eagerly."""
+    prompts = _prompts([3, 17, 33, 50, 71, 5, 9, 12, 40, 2, 66], seed=7)
+    params = [SamplingParams(temperature=0.0, max_tokens=10 + 3 * i, ignore_eos=True) for i in range(len(prompts))]
+    llm = LLM(str(tiny_qwen3_dir), max_num_seqs=12)
+    runner = llm.llm_engine.executor.runner
+    runner.capture_cudagraphs(emulate=True)
+    replayed = []
+    replay = runner.graphs.replay
+    runner.graphs.replay = lambda padded, batch: (replayed.append((padded, batch)), replay(padded, batch))[1]
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert {p for p, _ in replayed} >= {12, 8} and any(p > b for p, b in replayed)   # padded replays ran
+    for prompt, param, out in zip(prompts, params, outputs):
+        assert out.outputs[0].token_ids == hf_ref(prompt)[0][:param.max_tokens]
+
+
 def test_tensor_parallel_2_on_gloo_matches_hf(tiny_qwen3_dir, hf_ref):
     prompts = _prompts([7, 40, 23], seed=10)
     llm = LLM(str(tiny_qwen3_dir), tensor_parallel_size=2)

@@ -27,20 +27,27 @@ def graph_batch_sizes(max_batch_size: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captured decode graphs. `run_model(bs)` is called inside a capture with the forward context
-    and staged inputs of a bs-row decode batch already in place and must return hidden [bs, H]."""
+    """Captured decode graphs. For each size, `prepare(bs)` stages a dummy bs-row decode batch and
+    returns its ForwardContext; `run_model(bs)` runs the model body on those staged inputs and returns
+    hidden [bs, H]. A replay reuses the staged addresses, so the caller stages the real batch first.
+
+    emulate=True (tests on CPU): nothing is captured; a replay re-runs the model eagerly on the
+    captured context, so the static-address discipline (staging layout, padding rows) is exercised
+    without a GPU."""
 
     def __init__(self, max_batch_size: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, emulate: bool = False) -> None:
         self.sizes = graph_batch_sizes(max_batch_size)
         # padded[b] = smallest captured size >= b, for b in 0..max_batch_size
         self.padded = np.searchsorted(np.array(self.sizes), np.arange(max_batch_size + 1))
         self.padded = np.array(self.sizes)[np.minimum(self.padded, len(self.sizes) - 1)]
         self.max_batch_size = max_batch_size
         self.hidden = torch.zeros(max_batch_size, hidden_size, dtype=dtype, device=device)  # [maxB, H]
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, object] = {}
         self.pool = None
         self.device = device
+        self.emulate = emulate
+        self.memory_bytes = 0
 
     def padded_size(self, batch_size: int) -> int | None:
         """The captured size that runs a batch of `batch_size`, or None (run eagerly)."""
@@ -49,14 +56,19 @@ class DecodeGraphs:
         return int(self.padded[batch_size])
 
     def capture(self, prepare: Callable[[int], object], run_model: Callable[[int], torch.Tensor]) -> None:
-        """For each size, largest first: `prepare(bs)` stages dummy inputs and returns a context
-        manager (the forward context); the model runs once eagerly (warm-up: JIT compiles, autotunes),
-        then is captured."""
+        """Largest size first: stage dummy inputs, run once eagerly (warm-up: JIT compiles,
+        autotunes), then capture into the shared pool."""
+        from nv_layers.forward_context import forward_context
+
         start = time.perf_counter()
-        before = torch.cuda.mem_get_info(self.device)[0]
+        before = 0 if self.emulate else torch.cuda.mem_get_info(self.device)[0]
         for bs in reversed(self.sizes):
-            with prepare(bs):
+            ctx = prepare(bs)
+            with forward_context(ctx):
                 self.hidden[:bs] = run_model(bs)
+                if self.emulate:
+                    self.graphs[bs] = (ctx, run_model)
+                    continue
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
@@ -64,16 +76,25 @@ class DecodeGraphs:
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[bs] = graph
+        if self.emulate:
+            return
         torch.cuda.synchronize(self.device)
-        used = before - torch.cuda.mem_get_info(self.device)[0]
-        self.memory_bytes = used
+        self.memory_bytes = before - torch.cuda.mem_get_info(self.device)[0]
         logger.info("captured %d decode CUDA graphs (batch sizes %d..%d) in %.1f s, %.0f MiB",
                     len(self.sizes), self.sizes[0], self.sizes[-1], time.perf_counter() - start,
-                    used / (1 << 20))
+                    self.memory_bytes / (1 << 20))
 
     def replay(self, padded_size: int, batch_size: int) -> torch.Tensor:
         """Run the graph of `padded_size` on the staged inputs; hidden states [batch_size, H]."""
-        self.graphs[padded_size].replay()
+        graph = self.graphs[padded_size]
+        if self.emulate:
+            from nv_layers.forward_context import forward_context
+
+            ctx, run_model = graph
+            with forward_context(ctx):
+                self.hidden[:padded_size] = run_model(padded_size)
+        else:
+            graph.replay()
         return self.hidden[:batch_size]
 
     def release(self) -> None:

@@ -217,24 +217,24 @@ class ModelRunner:
                     num_blocks * self.kv_block_bytes() / (1 << 30))
 
     @torch.inference_mode()
-    def capture_cudagraphs(self) -> None:
-        if self.device.type != "cuda" or self.config.enforce_eager:
+    def capture_cudagraphs(self, emulate: bool = False) -> None:
+        """Capture the decode graphs (CUDA, unless enforce_eager). emulate=True records them as
+        eager replays on any device (tests of the graph input layout on CPU)."""
+        if not emulate and (self.device.type != "cuda" or self.config.enforce_eager):
             return
         if not self.kv_caches:
             raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
-        from nv_layers.forward_context import forward_context
-
         from nv_engine.runner_io import decode_graph_inputs
 
         max_bs = min(self.max_batch, self.config.max_num_batched_tokens)
         hidden_size = self.config.hf_config.hidden_size
-        self.graphs = DecodeGraphs(max_bs, hidden_size, self.config.dtype, self.device)
+        self.graphs = DecodeGraphs(max_bs, hidden_size, self.config.dtype, self.device, emulate=emulate)
         inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def prepare(bs: int):
             ctx, ids, positions = decode_graph_inputs(self, bs, dummy=True)
             inputs[bs] = (ids, positions)
-            return forward_context(ctx)
+            return ctx
 
         def run_model(bs: int) -> torch.Tensor:
             ids, positions = inputs[bs]
