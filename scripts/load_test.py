@@ -185,8 +185,42 @@ def print_summary(s: dict) -> None:
     print(f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_s"):
         print(f"{name:<10}" + "".join(f"{s[f'{name}_{k}']:>10.2f}" for k in ("mean", "p50", "p90", "p99")))
+    server = {k: v for k, v in s.items() if k.startswith("server_")}
+    if server:
+        print("server side (from /metrics): " + ", ".join(f"{k[7:]} {v}" for k, v in server.items()))
     for err in s.get("first_errors", []):
         print("error:", err)
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """Sums of the server's Prometheus samples by name (labels folded), {} when unavailable."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name_labels, _, value = line.rpartition(" ")
+            name = name_labels.split("{", 1)[0]
+            if 'le="' not in name_labels:
+                totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Means over the run from the server's histograms (no client or network time in them)."""
+    out = {}
+    for key, metric, scale in (("server_ttft_ms_mean", "vllm:time_to_first_token_seconds", 1e3),
+                               ("server_tpot_ms_mean", "vllm:time_per_output_token_seconds", 1e3),
+                               ("server_e2e_s_mean", "vllm:e2e_request_latency_seconds", 1.0),
+                               ("server_step_batch_mean", "nv:step_batch_size", 1.0)):
+        count = after.get(metric + "_count", 0.0) - before.get(metric + "_count", 0.0)
+        total = after.get(metric + "_sum", 0.0) - before.get(metric + "_sum", 0.0)
+        if count > 0:
+            out[key] = round(total / count * scale, 3)
+    return out
 
 
 def _free_port() -> int:
@@ -253,7 +287,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--prompt-vocab", type=int, default=10000, help="prompt ids are drawn from [0, this)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=4, help="requests sent (and not counted) first")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="short requests sent at full concurrency first, not counted (default: --concurrency)")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--result-json", default=None, help="also write the summary here")
     return p.parse_args(argv), server_args
@@ -274,15 +309,22 @@ def main(argv: list[str] | None = None) -> int:
                 from nv_engine.server.testing import write_load_test_checkpoint
 
                 model = str(write_load_test_checkpoint(Path(args.checkpoint_dir or tmp.name), args.shape))
+            config = Path(model) / "config.json"
+            if config.exists():   # prompt ids must lie inside the model's vocabulary
+                vocab = json.loads(config.read_text()).get("vocab_size", args.prompt_vocab)
+                args.prompt_vocab = min(args.prompt_vocab, vocab)
             proc, url = start_server(model, args, server_args)
         _wait_healthy(url, proc, args.startup_timeout)
         host, port = url.split("://", 1)[1].rsplit(":", 1)
         payloads = make_workload(args)
-        if args.warmup:
-            warm = [dict(p, max_tokens=8) for p in payloads[:args.warmup]]
+        warmup = args.concurrency if args.warmup is None else args.warmup
+        if warmup:   # the first burst of connections pays one-time costs (lazy imports, pools)
+            warm = [dict(p, max_tokens=4) for p in (payloads * 2)[:warmup]]
             asyncio.run(run_load(host, int(port), warm, args.concurrency, args.api_key))
+        before = scrape_metrics(url)
         results, wall = asyncio.run(run_load(host, int(port), payloads, args.concurrency, args.api_key))
         summary = summarize(results, wall, args)
+        summary.update(server_side(before, scrape_metrics(url)))
         print_summary(summary)
         if args.result_json:
             Path(args.result_json).write_text(json.dumps(summary, indent=2))
