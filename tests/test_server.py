@@ -3,6 +3,11 @@ a server on a free loopback port in a background thread (one for the module)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -123,6 +128,18 @@ def test_completion_n_stop_logprobs_max_tokens(client):
                                        logprobs=3, extra_body={"ignore_eos": True}).choices[0].logprobs
     for chosen, top in zip(greedy.token_logprobs, greedy.top_logprobs):
         assert abs(max(top.values()) - chosen) < 1e-5     # greedy picks the top-1 token
+
+
+def test_completion_batch_of_prompts_and_echo(client):
+    out = client.completions.create(model=MODEL, prompt=["Hello", "Paged attention"], n=2, max_tokens=3,
+                                    temperature=0, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    by_index = {c.index: c.text for c in out.choices}
+    assert by_index[0] == by_index[1] and by_index[2] == by_index[3]   # greedy: samples agree
+    assert out.usage.completion_tokens == 12
+    echoed = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0,
+                                       echo=True, extra_body={"ignore_eos": True})
+    assert echoed.choices[0].text == "Hello" + by_index[0]
 
 
 def test_chat_stream_shape_and_logprobs(client):
@@ -255,3 +272,37 @@ def test_metrics_parse_and_move(server, client):
         _value(before, "vllm:prompt_tokens", "vllm:prompt_tokens_total")
     for hist in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
         assert _value(after, hist, hist + "_count") == _value(before, hist, hist + "_count") + 1
+
+
+def test_nv_serve_command_line(tiny_qwen3_dir: Path):
+    """`nv serve` as users start it: a subprocess on 127.0.0.1, one request, clean exit on SIGINT."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "nv_engine.cli", "serve", str(tiny_qwen3_dir), "--port", str(port),
+           "--device", "cpu", "--max-model-len", "128", "--num-gpu-blocks-override", "64",
+           "--served-model-name", "cli-model", "--uvicorn-log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "NV_API_KEY": ""})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "nv serve did not come up"
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       json={"model": "cli-model", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0

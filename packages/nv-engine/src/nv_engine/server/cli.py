@@ -79,7 +79,7 @@ def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
     state = build_state(engine, tokenizer=engine.tokenizer, sampling_params_cls=SamplingParams,
                         model_path=args.model, max_model_len=config.max_model_len,
                         served_model_names=args.served_model_name or [args.model],
-                        api_key=args.api_key, max_n=args.max_n)
+                        api_key=args.api_key or None, max_n=args.max_n)
     return create_app(state)
 
 

@@ -131,7 +131,7 @@ class ChoiceState:
 
     def update(self, comp: Any) -> None:
         self.text = comp.text
-        self.token_ids = list(comp.token_ids)
+        self.token_ids = comp.token_ids      # the engine hands over fresh lists each step
         self.logprobs = comp.logprobs
         if comp.finish_reason is not None:
             self.finish_reason = str(getattr(comp.finish_reason, "value", comp.finish_reason))
