@@ -187,3 +187,27 @@ def test_chat_uses_the_template(llm):
     assert out.prompt == expected
     assert out.prompt_token_ids == tokenizer.encode(expected, add_special_tokens=False)
     assert len(out.outputs[0].token_ids) == 5
+
+
+def test_async_scheduling_equals_synchronous(tiny_qwen3_dir, reference):
+    """Scheduling step N+1 before step N's ids are back changes nothing in the outputs, also for
+    sequences that stop on an id or a string (they compute one extra token, dropped), n > 1,
+    seeded sampling, logprobs, and a penalty request (which turns the overlap off while it runs)."""
+    stop = _ascii_window(reference.text, 4)
+    token = reference.token_ids[_first_new_token_index(reference.token_ids, 3)]
+    prompts = [PROMPT, PROMPT, PROMPT[:7], PROMPT[3:], PROMPT, PROMPT[:9]]
+    params = [_greedy(stop=[stop]), _greedy(stop_token_ids=[token], min_tokens=2),
+              SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=25, ignore_eos=True),
+              _greedy(max_tokens=13, logprobs=2), _greedy(stop_token_ids=[token]),
+              SamplingParams(temperature=0.7, seed=5, max_tokens=30, repetition_penalty=1.3, ignore_eos=True)]
+    results = {}
+    for mode in (False, True):
+        llm = LLM(str(tiny_qwen3_dir), async_scheduling=mode, max_num_batched_tokens=32)
+        assert llm.llm_engine.async_scheduling is mode
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        assert llm.llm_engine.scheduler.block_manager.num_free_blocks == llm.llm_engine.num_blocks
+        llm.shutdown()
+        results[mode] = [[(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.cumulative_logprob)
+                          for c in o.outputs] for o in outputs]
+    assert results[True] == results[False]
+    assert results[True][0][0][2:4] == ("stop", stop) and results[True][4][0][2:4] == ("stop", token)

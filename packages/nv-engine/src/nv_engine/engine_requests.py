@@ -29,6 +29,7 @@ class Completion:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     quiet: bool = False                         # engine fast path: see LLMEngine._new_sequence
+    stop_ids: frozenset[int] = frozenset()      # EOS + stop token ids (rules.stopping_ids)
     _final_text: str | None = None
 
     def text(self, tokenizer: Any) -> str:

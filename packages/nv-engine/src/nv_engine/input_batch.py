@@ -15,6 +15,10 @@ import numpy as np
 
 from nv_kvcache import SchedulerOutput, Sequence
 
+# A sampled token the host does not know yet (async scheduling): the runner substitutes the
+# previous step's sampled id on the device. Never a real token id, never a stop id.
+PLACEHOLDER_TOKEN = -1
+
 
 @dataclass
 class StepInput:
@@ -31,6 +35,8 @@ class StepInput:
     max_seqlen_q: int
     max_seqlen_k: int
     sampling: Any = None         # nv_engine.sampling_batch's batch for the S sampling rows
+    prev_rows: np.ndarray | None = None   # [K] int64 rows of input_ids that are placeholders ...
+    prev_src: np.ndarray | None = None    # [K] int64 ... for the previous step's sampled id at this index
 
     @property
     def num_tokens(self) -> int:
@@ -113,7 +119,10 @@ class StepBuilder:
     def release(self, seq_id: int) -> None:
         self.blocks.release(seq_id)
 
-    def build(self, out: SchedulerOutput, sampling: Any = None) -> StepInput:
+    def build(self, out: SchedulerOutput, sampling: Any = None,
+              prev_index: dict[int, int] | None = None) -> StepInput:
+        """prev_index: seq_id -> row in the previous step's sampled ids, for sequences whose last
+        token is still PLACEHOLDER_TOKEN (scheduled before the previous step's ids came back)."""
         for seq in out.preempted:
             self.blocks.release(seq.seq_id)
         scheduled = out.scheduled
@@ -153,8 +162,21 @@ class StepBuilder:
         max_seqlen_k = int(seq_lens.max()) if len(scheduled) else 0
         num_block_cols = max(1, -(-max_seqlen_k // bs))
         block_tables = self.blocks.table[rows, :num_block_cols]                       # [B, M]
+        prev_rows = prev_src = None
+        if prev_index:
+            rows_l, src_l = [], []
+            for i, s in enumerate(scheduled):
+                j = prev_index.get(s.seq.seq_id)
+                seq = s.seq
+                if (j is not None and seq.token_ids[-1] == PLACEHOLDER_TOKEN
+                        and seq.num_computed_tokens + s.num_new_tokens == len(seq.token_ids)):
+                    rows_l.append(i)
+                    src_l.append(j)
+            if rows_l:
+                prev_rows = cu_seqlens_q[1:][rows_l].astype(np.int64) - 1                 # [K]
+                prev_src = np.array(src_l, dtype=np.int64)                                 # [K]
         return StepInput(
             input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, seq_lens=seq_lens,
             cu_seqlens_q=cu_seqlens_q, block_tables=block_tables, logits_indices=logits_indices,
             is_decode=out.is_pure_decode, max_seqlen_q=int(q_lens.max()) if len(scheduled) else 0,
-            max_seqlen_k=max_seqlen_k, sampling=sampling)
+            max_seqlen_k=max_seqlen_k, sampling=sampling, prev_rows=prev_rows, prev_src=prev_src)

@@ -21,7 +21,7 @@ class LLM:
                  enable_prefix_caching: bool = True, enforce_eager: bool = False,
                  block_size: int | None = None, attention_backend: str | None = None,
                  device: str | None = None, num_gpu_blocks_override: int | None = None,
-                 tokenizer: str | None = None) -> None:
+                 tokenizer: str | None = None, async_scheduling: bool | None = None) -> None:
         config = EngineConfig.create(
             model, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
@@ -29,7 +29,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
             block_size=block_size, attention_backend=attention_backend, device=device,
             num_gpu_blocks_override=num_gpu_blocks_override, tokenizer=tokenizer)
-        self.llm_engine = LLMEngine(config, stream_outputs=False)
+        self.llm_engine = LLMEngine(config, stream_outputs=False, async_scheduling=async_scheduling)
         self._request_ids = itertools.count()
 
     @property

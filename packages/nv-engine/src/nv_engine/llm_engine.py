@@ -5,24 +5,44 @@ the executor runs the ModelRunner on every rank; the Scheduler appends the sampl
 token stop rules; the engine then detokenizes, applies stop strings, records logprobs and builds
 RequestOutputs. A request with n > 1 is n sequences; the siblings of the first are added once the
 first has computed the prompt, so they share its prompt blocks through the prefix cache.
+
+Async scheduling (tensor_parallel_size 1): step N+1 is scheduled and launched before step N's ids
+come back. Step N is postprocessed with placeholder ids (lengths and max_tokens apply on time),
+the runner takes step N+1's input ids from step N's sampled ids on the device, and while the GPU
+runs step N+1 the engine patches in step N's real ids, applies EOS / stop ids and stop strings
+(a sequence that stops there computes one extra token, dropped) and builds the outputs. So the
+CPU work of a step hides behind the GPU work of the next. Requests with penalties (which need
+every output id on the host when sampling) turn it off while they run.
 """
 from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 from typing import Any
 
-from nv_kvcache import FinishReason, Scheduler, Sequence
+from nv_kvcache import FinishReason, Scheduler, SchedulerOutput, Sequence
 
 from nv_engine.config import EngineConfig
-from nv_engine.detokenizer import IncrementalDetokenizer, decode_token
+from nv_engine.detokenizer import IncrementalDetokenizer
 from nv_engine.engine_requests import Completion, Request, eos_token_ids, load_tokenizer, prompt_to_ids
-from nv_engine.input_batch import StepBuilder
+from nv_engine.input_batch import PLACEHOLDER_TOKEN, StepBuilder, StepResult
+from nv_engine.output_processing import apply_async_tokens, process_samples
 from nv_engine.outputs import RequestOutput
-from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
+from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed
 from nv_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Launched:
+    """A step handed to the runner: its schedule, sampler inputs, and (synchronous runs) its result."""
+
+    out: SchedulerOutput
+    batch: Any
+    result: StepResult | None
+    tokens: tuple[int, int]          # (prompt tokens computed, tokens sampled)
 
 
 class LLMEngine:
@@ -33,7 +53,7 @@ class LLMEngine:
     has stop strings): what LLM.generate uses."""
 
     def __init__(self, config: EngineConfig | None = None, *, stream_outputs: bool = True,
-                 **kwargs: Any) -> None:
+                 async_scheduling: bool | None = None, **kwargs: Any) -> None:
         if config is None:
             if "model" not in kwargs:
                 raise TypeError("LLMEngine needs an EngineConfig or model=...")
@@ -64,6 +84,11 @@ class LLMEngine:
         self.rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
+        # None: on when one rank runs the model (other ranks would need the sampled ids too)
+        self.async_scheduling = (config.tensor_parallel_size == 1 if async_scheduling is None
+                                 else bool(async_scheduling))
+        self._inflight: _Launched | None = None
+        self._num_penalty_requests = 0
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None) -> None:
@@ -84,8 +109,9 @@ class LLMEngine:
         request = Request(request_id, prompt_text, ids, params, rules)
         self.scheduler.add(self._new_sequence(request))   # may raise ValueError: nothing kept yet
         self.requests[request_id] = request
+        self._num_penalty_requests += params.has_penalties
         if params.n > 1 and not self.config.enable_prefix_caching:
-            self._add_siblings(request)                    # nothing to share: batch them at once
+            self.add_siblings(request)                     # nothing to share: batch them at once
 
     def _new_sequence(self, request: Request) -> Sequence:
         index = len(request.completions)
@@ -101,14 +127,18 @@ class LLMEngine:
         # Quiet: no text, logprobs, streaming or siblings to handle until it finishes.
         completion.quiet = (detok is None and params.logprobs is None and not self.stream_outputs
                             and (params.n == 1 or index > 0))
+        completion.stop_ids = request.rules.stopping_ids
         seq = Sequence(request.prompt_token_ids, request.rules, payload=completion)
         completion.seq = seq
         request.completions.append(completion)
         return seq
 
-    def _add_siblings(self, request: Request) -> None:
+    def add_siblings(self, request: Request) -> None:
         while len(request.completions) < request.params.n:
             self.scheduler.add(self._new_sequence(request))
+
+    def on_request_finished(self, request: Request) -> None:
+        self._num_penalty_requests -= request.params.has_penalties
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Abort requests (unknown or finished ids are ignored); their blocks are freed."""
@@ -117,7 +147,10 @@ class LLMEngine:
             request = self.requests.pop(rid, None)
             if request is None:
                 continue
+            self.on_request_finished(request)
             for completion in request.completions:
+                if completion.finish_reason is None:
+                    completion.finish_reason = FinishReason.ABORT   # an in-flight step skips it
                 if self.scheduler.abort(completion.seq.seq_id) is not None:
                     self.step_builder.release(completion.seq.seq_id)
 
@@ -129,68 +162,53 @@ class LLMEngine:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
-        if out.is_empty:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError("the scheduler could not schedule any waiting sequence")
-            self.last_step_tokens = (0, 0)
-            return []
+        """Run one step; the outputs of the requests that got tokens (stream_outputs) or finished.
+        With async scheduling the next step is already running on the device when this returns."""
+        launched, self._inflight = self._inflight, None
+        if launched is None:
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                if self.scheduler.has_unfinished():
+                    raise RuntimeError("the scheduler could not schedule any waiting sequence")
+                self.last_step_tokens = (0, 0)
+                return []
+            launched = self._launch(out, None)
+        self.last_step_tokens = launched.tokens
+        out = launched.out
+        if launched.result is None and self._num_penalty_requests == 0:
+            for seq in self.scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
+                self.step_builder.release(seq.seq_id)
+            following = self.scheduler.schedule()
+            if not following.is_empty:
+                self._inflight = self._launch(following, launched)
+            result = self.executor.call("collect")
+            apply_async_tokens(self, out.sampling, result.token_ids)
+        else:
+            result = launched.result if launched.result is not None else self.executor.call("collect")
+            for seq in self.scheduler.postprocess(out, result.token_ids):
+                self.step_builder.release(seq.seq_id)
+        return process_samples(self, out.sampling, result, launched.batch)
+
+    def _launch(self, out: SchedulerOutput, previous: _Launched | None) -> _Launched:
+        """Build the step's inputs and hand it to the runner (launch only, when async)."""
         sampling = out.sampling
         batch = None
         if sampling:
             batch = self.sampling_builder.build([
                 SamplingRow(s.seq.payload.request.params, s.seq.payload.seed, s.seq.num_output_tokens,
                             s.seq.prompt_token_ids, s.seq.output_token_ids) for s in sampling])
-        step_input = self.step_builder.build(out, batch)
+        prev_index = None
+        if previous is not None and previous.out.sampling:
+            prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
+        step_input = self.step_builder.build(out, batch, prev_index)
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
-        result = self.executor.call("execute", step_input)
-        finished = self.scheduler.postprocess(out, result.token_ids)
-        for seq in finished:
-            self.step_builder.release(seq.seq_id)
-        self.last_step_tokens = (out.num_batched_tokens - num_decodes, len(sampling))
-        return self._process_samples(sampling, result, batch)
-
-    def _process_samples(self, sampling: list, result: Any, batch: Any) -> list[RequestOutput]:
-        samples = None
-        if batch is not None and any(c is not None for c in batch.logprob_counts):
-            samples = unpack_results(result, batch.logprob_counts)
-        touched: dict[str, Request] = {}
-        for i, entry in enumerate(sampling):
-            seq = entry.seq
-            completion: Completion = seq.payload
-            if completion.quiet and not seq.is_finished:
-                continue                                   # nothing to record or report this step
-            request = completion.request
-            token_id = result.token_ids[i]
-            if samples is not None and completion.logprobs is not None:
-                sample = samples[i]
-                for tok, logprob in sample.logprobs.items():
-                    logprob.decoded_token = decode_token(self.tokenizer, tok) if self.tokenizer else None
-                completion.logprobs.append(sample.logprobs)
-                completion.cumulative_logprob += sample.logprob
-            stopped_by_token = seq.is_finished and seq.finish_reason is FinishReason.STOP
-            if completion.detok is not None and completion.detok.update([token_id]) and not stopped_by_token:
-                completion.stop_reason = completion.detok.stop_reason
-                if not seq.is_finished:
-                    self.scheduler.finish(seq.seq_id, FinishReason.STOP)
-                    self.step_builder.release(seq.seq_id)
-                completion.finish_reason = FinishReason.STOP
-            if seq.is_finished and completion.finish_reason is None:
-                completion.finish_reason = seq.finish_reason
-                if seq.stop_token_id is not None and seq.stop_token_id in request.params.stop_token_ids:
-                    completion.stop_reason = seq.stop_token_id
-            if completion.index == 0 and len(request.completions) < request.params.n:
-                self._add_siblings(request)                # the prompt's blocks are now cached
-            touched[request.request_id] = request
-        outputs = []
-        for request in touched.values():
-            finished = request.finished
-            if finished:
-                self.requests.pop(request.request_id, None)
-            if finished or self.stream_outputs:
-                outputs.append(request.to_output(self.tokenizer))
-        return outputs
+        launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)))
+        if self.async_scheduling:
+            self.executor.call("launch", step_input)
+        else:
+            launched.result = self.executor.call("execute", step_input)
+        return launched
 
     # ---- lifetime ----------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -82,6 +82,7 @@ class ModelRunner:
         self.i32 = StagingBuffer(
             torch.int32, 2 * self.max_batch + 1 + self.max_batch * config.max_blocks_per_seq + 8, self.device)
         self.results = ResultCopier(self.max_batch, self.device)
+        self.last_sampled: torch.Tensor | None = None   # [S] sampled ids of the last launched step
 
     # ---- construction ------------------------------------------------------------------------
     def _build_model(self) -> nn.Module:
@@ -232,9 +233,9 @@ class ModelRunner:
         inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def prepare(bs: int):
-            ctx, ids, positions = decode_graph_inputs(self, bs, dummy=True)
-            inputs[bs] = (ids, positions)
-            return ctx
+            staged = decode_graph_inputs(self, bs, dummy=True)
+            inputs[bs] = (staged.ids, staged.positions)
+            return staged.ctx
 
         def run_model(bs: int) -> torch.Tensor:
             ids, positions = inputs[bs]
@@ -250,31 +251,39 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, step: StepInput) -> None:
-        """Queue one step on the device; sampled ids are copied back asynchronously."""
+        """Queue one step on the device; sampled ids are copied back asynchronously (collect()).
+        Input ids at step.prev_rows are taken on the device from the previous launched step's
+        sampled ids (an engine that schedules step N+1 before it has step N's tokens)."""
         from nv_layers.forward_context import forward_context
+
         from nv_engine.runner_io import decode_graph_inputs, eager_inputs
 
         batch = step.num_seqs
         padded = self.graphs.padded_size(batch) if (self.graphs is not None and step.is_decode) else None
+        staged = decode_graph_inputs(self, padded, step=step) if padded is not None else eager_inputs(self, step)
+        if staged.prev_rows is not None:
+            if self.last_sampled is None:
+                raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
+            staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
         if padded is not None:
-            decode_graph_inputs(self, padded, step=step)
             hidden = self.graphs.replay(padded, batch)                   # [B, H]
             logits = self.model.compute_logits(hidden)                    # [B, V]
         else:
-            ctx, ids, positions = eager_inputs(self, step)
-            with forward_context(ctx):
-                hidden = self.model(ids, positions)                       # [T, H]
-                if len(step.logits_indices) == 0:                          # only partial prefill chunks
-                    self.results.pending = None
-                    return
-                logits = self.model.compute_logits(hidden)                # [S, V]
+            with forward_context(staged.ctx):
+                hidden = self.model(staged.ids, staged.positions)         # [T, H]
+                logits = None if len(step.logits_indices) == 0 else self.model.compute_logits(hidden)  # [S, V]
         if not self.is_driver:
             return
+        if logits is None:                                                # only partial prefill chunks
+            self.last_sampled = None
+            self.results.start(None)
+            return
         out = self.sampler(logits, sampling_tensors(self, step.sampling, logits.shape[0]))
+        self.last_sampled = out.token_ids                                 # [S] on the device
         self.results.start(out)
 
     def collect(self) -> StepResult | None:
-        """Wait for the last launched step's sampled ids (rank 0); None on other ranks."""
+        """Wait for the oldest uncollected step's sampled ids (rank 0); None on other ranks."""
         if not self.is_driver:
             return None
         return self.results.finish()

@@ -2,7 +2,8 @@
 sampler's tensors, and the asynchronous copy of sampled ids back to the host."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -15,11 +16,25 @@ if TYPE_CHECKING:
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+class StagedStep(NamedTuple):
+    ctx: Any                              # nv_layers ForwardContext over the staged tensors
+    ids: torch.Tensor                     # [T] (or [padded]) input ids
+    positions: torch.Tensor
+    prev_rows: torch.Tensor | None        # [K] rows of ids to take from the previous step's samples
+    prev_src: torch.Tensor | None         # [K] their index in that step's sampled ids
+
+
+def _stage_prev(i64: Any, step: StepInput | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if step is None or step.prev_rows is None or len(step.prev_rows) == 0:
+        return None, None
+    return i64.put(step.prev_rows), i64.put(step.prev_src)
+
+
 def decode_graph_inputs(runner: "ModelRunner", padded: int, step: StepInput | None = None,
-                        dummy: bool = False) -> tuple[Any, torch.Tensor, torch.Tensor]:
+                        dummy: bool = False) -> StagedStep:
     """Stage a decode batch padded to `padded` rows in the fixed graph layout:
     int64 [ids | positions | slots], int32 [seq_lens | block_tables (padded x max_blocks)].
-    Returns (forward context, ids, positions); padding rows have slot -1 and length 0."""
+    Padding rows have slot -1 and length 0. The previous-step gather indices (if any) follow."""
     from nv_layers.forward_context import ForwardContext
 
     i64, i32 = runner.i64, runner.i32
@@ -38,16 +53,17 @@ def decode_graph_inputs(runner: "ModelRunner", padded: int, step: StepInput | No
         slots = i64.put(step.slot_mapping, padded, fill=-1)
         seq_lens = i32.put(step.seq_lens, padded, fill=0)
         block_tables = i32.put_rows(step.block_tables, padded, max_blocks)
+    prev_rows, prev_src = _stage_prev(i64, step)
     i64.upload()
     i32.upload()
     ctx = ForwardContext(
         is_decode=True, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables,
         cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=runner.config.max_model_len,
         logits_indices=None, backend=runner.backend)
-    return ctx, ids, positions
+    return StagedStep(ctx, ids, positions, prev_rows, prev_src)
 
 
-def eager_inputs(runner: "ModelRunner", step: StepInput) -> tuple[Any, torch.Tensor, torch.Tensor]:
+def eager_inputs(runner: "ModelRunner", step: StepInput) -> StagedStep:
     """Stage any step in a compact layout: int64 [ids | positions | slots | logits indices],
     int32 [seq_lens | cu_seqlens | block_tables (B x M)]."""
     from nv_layers.forward_context import ForwardContext
@@ -63,13 +79,14 @@ def eager_inputs(runner: "ModelRunner", step: StepInput) -> tuple[Any, torch.Ten
     cu_seqlens = i32.put(step.cu_seqlens_q)
     batch, cols = step.block_tables.shape
     block_tables = i32.put_rows(step.block_tables, batch, cols)
+    prev_rows, prev_src = _stage_prev(i64, step)
     i64.upload()
     i32.upload()
     ctx = ForwardContext(
         is_decode=step.is_decode, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables,
         cu_seqlens_q=None if step.is_decode else cu_seqlens, max_seqlen_q=step.max_seqlen_q,
         max_seqlen_k=step.max_seqlen_k, logits_indices=logits_indices, backend=runner.backend)
-    return ctx, ids, positions
+    return StagedStep(ctx, ids, positions, prev_rows, prev_src)
 
 
 def greedy_sampling_tensors(num_rows: int, device: torch.device) -> Any:
@@ -110,17 +127,23 @@ def sampling_tensors(runner: "ModelRunner", sampling: Any, num_rows: int) -> Any
 
 
 class ResultCopier:
-    """Copies sampled ids into pinned host memory without blocking; `finish` waits on an event."""
+    """Copies sampled ids into pinned host memory without blocking; `finish` waits on an event.
+    Launched steps are collected first in, first out (an engine may launch N+1 before collecting N)."""
 
     def __init__(self, max_rows: int, device: torch.device) -> None:
         self.on_cuda = device.type == "cuda"
         self.host = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=self.on_cuda)
                      for _ in range(2 if self.on_cuda else 1)]
         self.current = 0
-        self.pending: tuple[torch.Tensor, Any, Any] | None = None
+        self.pending: deque[tuple[torch.Tensor, Any, Any] | None] = deque()
 
     def start(self, out: Any) -> None:
-        """out: nv_layers.sampler.SamplerOutput of the step just launched."""
+        """out: nv_layers.sampler.SamplerOutput of the step just launched (None: it sampled nothing)."""
+        if out is None:
+            self.pending.append(None)
+            return
+        if self.on_cuda and sum(entry is not None for entry in self.pending) >= len(self.host):
+            raise RuntimeError(f"more than {len(self.host)} launched steps are not collected")
         ids = out.token_ids
         event = None
         if self.on_cuda:
@@ -132,13 +155,15 @@ class ResultCopier:
             event = torch.cuda.Event()
             event.record()
             ids = host
-        self.pending = (ids, event, out)
+        self.pending.append((ids, event, out))
 
     def finish(self) -> StepResult:
-        if self.pending is None:
+        if not self.pending:
+            raise RuntimeError("collect() without a launched step")
+        entry = self.pending.popleft()
+        if entry is None:
             return StepResult(token_ids=[])
-        ids, event, out = self.pending
-        self.pending = None
+        ids, event, out = entry
         if event is not None:
             event.synchronize()
         result = StepResult(token_ids=ids.tolist())
