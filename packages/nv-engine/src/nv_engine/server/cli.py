@@ -84,7 +84,9 @@ def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    try:
+    try:   # before the (slow) engine start
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError as exc:   # the serve extra is missing
         raise SystemExit(f"nv serve needs FastAPI, uvicorn and prometheus_client: "

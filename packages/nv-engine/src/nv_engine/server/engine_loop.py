@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._cuda_device = _current_cuda_device()    # the engine's; a new thread starts on 0
 
     # ------------------------------------------------------------------ called on the event loop
     def start(self) -> None:
@@ -140,6 +142,8 @@ class AsyncEngine:
     # ----------------------------------------------------------------------- the engine thread
     def _run(self) -> None:
         try:
+            if self._cuda_device is not None:
+                sys.modules["torch"].cuda.set_device(self._cuda_device)
             while not self._stop:
                 if not self.engine.has_unfinished_requests():
                     self._wakeup.wait()
@@ -256,6 +260,13 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(fn, *args)
             except RuntimeError:   # loop closed between the check and the call
                 pass
+
+
+def _current_cuda_device() -> int | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
 
 
 def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
