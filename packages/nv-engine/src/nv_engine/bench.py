@@ -144,8 +144,11 @@ def run_bench(args: argparse.Namespace) -> dict:
                          (args.min_output_len, args.max_output_len),
                          max_token_id=min(10000, hf.vocab_size - 1))
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=m) for m in work.max_tokens]
-    if not args.no_warmup:
-        llm.generate([{"prompt_token_ids": work.prompts[0][:16]}], SamplingParams(max_tokens=8), use_tqdm=False)
+    if not args.no_warmup:  # compiles the kernels' variants (other prompts: no prefix-cache hits later)
+        warm = make_workload(8, (args.min_input_len, args.max_input_len), (8, 8),
+                             max_token_id=min(10000, hf.vocab_size - 1), random_seed=12345)
+        llm.generate([{"prompt_token_ids": p} for p in warm.prompts],
+                     SamplingParams(temperature=args.temperature, max_tokens=8, ignore_eos=True), use_tqdm=False)
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
     wall = time.perf_counter() - start
