@@ -270,6 +270,11 @@ def test_metrics_parse_and_move(server, client):
         _value(before, "vllm:generation_tokens", "vllm:generation_tokens_total") == 7
     assert _value(after, "vllm:prompt_tokens", "vllm:prompt_tokens_total") > \
         _value(before, "vllm:prompt_tokens", "vllm:prompt_tokens_total")
+    def finished_length(fams: dict) -> float:
+        return sum(s.value for s in fams["vllm:request_success"].samples
+                   if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "length")
+
+    assert finished_length(after) == finished_length(before) + 1
     for hist in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
         assert _value(after, hist, hist + "_count") == _value(before, hist, hist + "_count") + 1
 

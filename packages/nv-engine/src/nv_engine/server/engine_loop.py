@@ -224,8 +224,8 @@ class AsyncEngine:
                 del self._streams[out.request_id]
                 if m is not None:
                     m.e2e_request_latency.observe(now - stream.arrival_time)
-                    for comp in out.outputs:
-                        m.request_finished(str(comp.finish_reason))
+                    reason = out.outputs[0].finish_reason if out.outputs else "abort"
+                    m.request_finished(str(reason))     # once per request, as vLLM counts
             batch.append((stream, out))
         if batch:
             self._call_soon(_put_all, batch)
