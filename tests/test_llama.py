@@ -1,4 +1,4 @@
-"""nv_llama.LlamaForCausalLM over a paged KV cache gives HF transformers' logits (CPU, fp32, 1e-4).
+"""nv_llama.LlamaForCausalLM through LLM.generate gives HF transformers' tokens and logprobs (CPU, fp32, 1e-4).
 
 Tiny random Llama checkpoints written here: GQA with llama3 rope scaling (every frequency band of
 the llama3 formula is hit at head_dim 16), untied; and tied embeddings with attention and MLP biases
@@ -13,9 +13,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 from transformers import LlamaForCausalLM as HFLlama
 
-from nv_kernels import get_backend
-from nv_layers import load_safetensors
-from nv_layers.testing import PagedDriver
 from nv_llama import LlamaForCausalLM
 
 TOL = 1e-4
@@ -52,37 +49,36 @@ def tiny_llama_dir(request, tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp(request.param), **VARIANTS[request.param])
 
 
-def load_nv(path: Path) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(AutoConfig.from_pretrained(path)).eval()
-    load_safetensors(model, path)
-    return model
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest and never stalls on a busy CPU
+    yield
+    torch.set_num_threads(before)
 
 
-def test_paged_prefill_and_decode_match_hf_logits(tiny_llama_dir: Path) -> None:
-    model = load_nv(tiny_llama_dir)
-    driver = PagedDriver(model, num_blocks=64, block_size=4, backend=get_backend("torch"))
+def test_llm_greedy_and_logprobs_match_hf(tiny_llama_dir: Path) -> None:
+    """LLM.generate with chunked prefill (32-token budget), 4-token blocks and a prefix-cache hit."""
+    from nv_engine import LLM, SamplingParams
+
     gen = torch.Generator().manual_seed(3)
-    seqs = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (7, 70, 13)]
-    for i, tokens in enumerate(seqs):
-        driver.add(i, tokens)
-    got: list[tuple[int, int, torch.Tensor]] = []
-    logits = driver.step([(0, 7), (1, 40), (2, 13)])       # sequence 1 is chunked: 40 + 30
-    got += [(0, 6, logits[0]), (2, 12, logits[1])]
-    driver.append(0, int(logits[0].argmax()))
-    driver.append(2, int(logits[1].argmax()))
-    logits = driver.step([(0, 1), (1, 30), (2, 1)])
-    got += [(0, 7, logits[0]), (1, 69, logits[1]), (2, 13, logits[2])]
-    for i in range(3):
-        driver.append(i, int(logits[i].argmax()))
-    for step in range(3):
-        logits = driver.step([(i, 1) for i in range(3)])
-        for i in range(3):
-            got.append((i, len(driver.seqs[i].tokens) - 1, logits[i]))
-            driver.append(i, int(logits[i].argmax()))
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (7, 70, 13)]
+    prompts.append(prompts[1][:40] + [5, 6, 7])             # shares ten 4-token blocks with prompt 1
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=5)
+    with LLM(str(tiny_llama_dir), device="cpu", dtype="float32", block_size=4, max_num_batched_tokens=32,
+             num_gpu_blocks_override=128) as llm:
+        outputs = llm.generate(prompts[:3], params, use_tqdm=False)
+        outputs += llm.generate(prompts[3:], params, use_tqdm=False)
+    assert outputs[3].num_cached_tokens == 40
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        refs = [hf(torch.tensor([driver.seqs[i].tokens])).logits[0] for i in range(3)]
-    err = max((row - refs[seq][pos]).abs().max().item() for seq, pos, row in got)
+    err = 0.0
+    for prompt, out in zip(prompts, outputs):
+        tokens = out.outputs[0].token_ids
+        with torch.no_grad():
+            logprobs = torch.log_softmax(hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1], -1)
+        assert tokens == logprobs.argmax(-1).tolist()                      # HF's greedy choice at every step
+        for step, top in enumerate(out.outputs[0].logprobs):
+            err = max(err, max(abs(lp.logprob - logprobs[step, tok].item()) for tok, lp in top.items()))
     assert err < TOL
 
 
