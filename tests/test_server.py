@@ -202,6 +202,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server, http, monkeypatch
             events += line.startswith("data: ")
             if events == 3:
                 break
+        assert _kv_usage(server) > 0           # the request holds blocks while it streams
     _wait_idle(server)
     assert len(aborted) == 1
 
