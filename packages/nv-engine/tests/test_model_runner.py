@@ -60,3 +60,15 @@ def test_memory_profile_budget():
     assert profile.graph_reserve > 1 << 30
     assert profile.kv_budget(0.9) == int(90 * 2**30) - (1 << 30) - (5 << 30) - profile.graph_reserve
     assert "KV" in profile.describe(0.9)
+
+
+def test_profile_runs_work_on_any_device(runner):
+    """The dummy steps of the CUDA memory profile (a max-size prefill without KV cache plus a
+    worst-case sampler; a decode over a scratch one-block cache) run, and put the cache back."""
+    from nv_engine.kv_cache_sizing import dummy_decode, dummy_prefill
+
+    runner.allocate_kv_cache(32)
+    with torch.inference_mode():
+        dummy_prefill(runner, 300, 8)          # two sequences: 256 (max_model_len) + 44 tokens
+        dummy_decode(runner, 8)
+    assert runner.attention_layers[0].k_cache.shape[0] == 32          # the real cache is back

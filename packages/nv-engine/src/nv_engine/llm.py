@@ -136,14 +136,19 @@ class _ProgressBar:
         self.start = time.perf_counter()
         self.prompt_tokens = 0
         self.output_tokens = 0
+        self.last_refresh = self.start
 
     def update(self, finished: int, prompt_tokens: int, output_tokens: int) -> None:
         self.prompt_tokens += prompt_tokens
         self.output_tokens += output_tokens
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        self.bar.set_postfix_str(f"prefill {self.prompt_tokens / elapsed:.0f} tok/s, "
-                                 f"decode {self.output_tokens / elapsed:.0f} tok/s", refresh=False)
-        self.bar.update(finished)
+        now = time.perf_counter()
+        if finished or now - self.last_refresh > 0.5:
+            elapsed = max(now - self.start, 1e-9)
+            self.bar.set_postfix_str(f"prefill {self.prompt_tokens / elapsed:.0f} tok/s, "
+                                     f"decode {self.output_tokens / elapsed:.0f} tok/s", refresh=False)
+            self.bar.update(finished)
+            self.bar.refresh()
+            self.last_refresh = now
 
     def close(self) -> None:
         self.bar.close()

@@ -9,22 +9,19 @@ does both; an engine that overlaps steps can call launch for step N+1 before col
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
 from nv_engine.config import EngineConfig
 from nv_engine.cuda_graphs import DecodeGraphs
 from nv_engine.input_batch import StepInput, StepResult
-from nv_engine.kv_cache_sizing import (MemoryProfile, cpu_num_blocks, cuda_memory_state,
-                                       graph_reserve)
+from nv_engine.kv_cache_sizing import MemoryProfile, cpu_num_blocks, profile_memory
 from nv_engine.registry import get_model_class
-from nv_engine.runner_io import ResultCopier, dummy_sampling_tensors, sampling_tensors
+from nv_engine.runner_io import ResultCopier, sampling_tensors
 from nv_engine.staging import StagingBuffer
 
 logger = logging.getLogger(__name__)
@@ -76,8 +73,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.max_batch = config.max_num_seqs
         max_tokens = max(config.max_num_batched_tokens, self.max_batch)
-        # int64: ids, positions, slots [T each] + logits indices [S]
-        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + self.max_batch + 8, self.device)
+        # int64: ids, positions, slots [T each] + logits indices [S] + previous-step gather [K, K]
+        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 3 * self.max_batch + 8, self.device)
         # int32: seq lens [B], cu_seqlens [B+1], block tables [B, M]
         self.i32 = StagingBuffer(
             torch.int32, 2 * self.max_batch + 1 + self.max_batch * config.max_blocks_per_seq + 8, self.device)
@@ -133,75 +130,7 @@ class ModelRunner:
         return int(tensor.item())
 
     def profile_memory(self) -> MemoryProfile:
-        """Peak of a max-size prefill step + sampler, and the activations of a max-size decode."""
-        gc.collect()
-        total, non_torch = cuda_memory_state(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        num_rows = min(self.max_batch, self.config.max_num_batched_tokens)
-        self._dummy_prefill(self.config.max_num_batched_tokens, num_rows)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        reserve = 0
-        if not self.config.enforce_eager:
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._dummy_decode(self.max_batch)
-            torch.cuda.synchronize(self.device)
-            reserve = graph_reserve(torch.cuda.max_memory_allocated(self.device) - base)
-        torch.cuda.empty_cache()
-        return MemoryProfile(total=total, non_torch=non_torch, peak=peak, graph_reserve=reserve)
-
-    def _dummy_prefill(self, num_tokens: int, num_rows: int) -> None:
-        """A prefill of num_tokens tokens (sequences of up to max_model_len) without a KV cache,
-        then logits and a worst-case sampler for num_rows rows."""
-        from nv_layers.forward_context import ForwardContext, forward_context
-
-        seq_len = min(num_tokens, self.config.max_model_len)
-        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
-        positions = np.concatenate([np.arange(n) for n in lens])
-        cu = np.zeros(len(lens) + 1, dtype=np.int32)
-        cu[1:] = np.cumsum(lens)
-        dev = self.device
-        ctx = ForwardContext(
-            is_decode=False, slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-            block_tables=torch.zeros(len(lens), 1, dtype=torch.int32, device=dev),
-            cu_seqlens_q=torch.from_numpy(cu).to(dev), max_seqlen_q=seq_len, max_seqlen_k=seq_len,
-            logits_indices=torch.arange(num_rows, dtype=torch.int64, device=dev) % num_tokens,
-            backend=self.backend)
-        with forward_context(ctx):
-            hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=dev),
-                                torch.from_numpy(positions).to(dev))
-            logits = self.model.compute_logits(hidden)
-        del hidden
-        if self.is_driver:
-            self.sampler(logits, dummy_sampling_tensors(num_rows, dev))
-
-    def _dummy_decode(self, batch_size: int) -> None:
-        """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
-        from nv_layers.forward_context import ForwardContext, forward_context
-
-        bs, dev = self.config.block_size, self.device
-        for layer in self.attention_layers:
-            shape = (1, bs, layer.num_kv_heads, layer.head_dim)
-            layer.k_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
-            layer.v_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
-        try:
-            ctx = ForwardContext(
-                is_decode=True, slot_mapping=torch.full((batch_size,), -1, dtype=torch.int64, device=dev),
-                seq_lens=torch.ones(batch_size, dtype=torch.int32, device=dev),
-                block_tables=torch.zeros(batch_size, 1, dtype=torch.int32, device=dev),
-                cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=1, logits_indices=None,
-                backend=self.backend)
-            with forward_context(ctx):
-                hidden = self.model(torch.zeros(batch_size, dtype=torch.int64, device=dev),
-                                    torch.zeros(batch_size, dtype=torch.int64, device=dev))
-            self.model.compute_logits(hidden)
-        finally:
-            for layer in self.attention_layers:
-                layer.k_cache = torch.empty(0)
-                layer.v_cache = torch.empty(0)
+        return profile_memory(self)
 
     # ---- KV cache and graphs -----------------------------------------------------------------
     def allocate_kv_cache(self, num_blocks: int) -> None:
