@@ -78,6 +78,13 @@ def test_stop_rules_validate():
         StopRules(stop_token_ids=["a"])
     with pytest.raises(TypeError):
         Sequence([1, "2"])
+    with pytest.raises(ValueError, match=">= 0"):
+        Sequence([1, -2])
+
+    class IntLike:                        # e.g. a numpy integer
+        def __index__(self):
+            return 7
+    assert Sequence([IntLike()]).token_ids == [7] and type(Sequence([IntLike()]).token_ids[0]) is int
     with pytest.raises(TypeError):
         Sequence([1], rules={"max_tokens": 3})
 

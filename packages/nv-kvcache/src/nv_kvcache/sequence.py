@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -93,10 +94,12 @@ class Sequence:
             seq_id = next(_next_seq_id)
         elif not isinstance(seq_id, int) or isinstance(seq_id, bool):
             raise TypeError(f"seq_id must be an int, got {seq_id!r}")
-        prompt = list(prompt_token_ids)
-        for token_id in prompt:
-            if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
-                raise TypeError(f"prompt token ids must be non-negative ints, got {token_id!r}")
+        try:     # operator.index: ints and int-like scalars (numpy) only, stored as Python ints
+            prompt = [operator.index(token_id) for token_id in prompt_token_ids]
+        except TypeError as e:
+            raise TypeError(f"prompt token ids must be ints: {e}") from None
+        if prompt and min(prompt) < 0:
+            raise ValueError(f"prompt token ids must be >= 0, got {min(prompt)}")
         self.seq_id = seq_id
         self.prompt_token_ids: list[int] = prompt
         self.output_token_ids: list[int] = []
