@@ -110,7 +110,7 @@ def test_convert_f32_roundtrip(tmp_path, cache_root, tie):
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
 
 
-@pytest.mark.parametrize("quant_type", ["F16", "Q8_0", "Q4_1"])
+@pytest.mark.parametrize("quant_type", ["F16", "BF16", "Q8_0", "Q4_1"])
 def test_convert_quantized_matches_gguf_dequantize(tmp_path, cache_root, quant_type):
     import gguf
 
@@ -123,10 +123,12 @@ def test_convert_quantized_matches_gguf_dequantize(tmp_path, cache_root, quant_t
     reader = gguf.GGUFReader(path)
     q = next(t for t in reader.tensors if t.name == "blk.1.attn_q.weight")
     expected = gguf.quants.dequantize(q.data, q.tensor_type).reshape(64, 64)
-    got = loaded["model.layers.1.self_attn.q_proj.weight"].float().numpy()
+    stored = loaded["model.layers.1.self_attn.q_proj.weight"]
+    assert stored.dtype == {"F16": torch.float16, "BF16": torch.bfloat16}.get(quant_type, torch.float32)
+    got = stored.float().numpy()
     np.testing.assert_array_equal(got, unpermute_qk(expected, config.num_attention_heads))
     original = model.state_dict()["model.layers.1.self_attn.q_proj.weight"].numpy()
-    tolerance = {"F16": 1e-3, "Q8_0": 0.02, "Q4_1": 0.1}[quant_type]
+    tolerance = {"F16": 1e-3, "BF16": 1e-2, "Q8_0": 0.02, "Q4_1": 0.1}[quant_type]
     assert np.abs(got - original).max() < tolerance * np.abs(original).max() * 10
 
 
