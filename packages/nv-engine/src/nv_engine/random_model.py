@@ -21,6 +21,11 @@ SHAPES: dict[str, dict] = {
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
+    # Qwen/Qwen3-8B's config.json (the tensor-parallel benchmark's shape)
+    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     tie_word_embeddings=False),
     # small enough to run on any CPU in a blink
     "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
