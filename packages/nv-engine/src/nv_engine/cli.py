@@ -63,8 +63,10 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         model = random_model() if args.random_weights else default_model()
     chat = args.chat if args.chat is not None else not (args.model or args.random_weights)
+    # one batch of len(prompts) sequences: a KV cache (CPU) and graph set (GPU) sized for it start faster
     llm = LLM(model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
+              tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
+              max_num_seqs=min(len(args.prompts), 256))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
     if chat:
