@@ -132,6 +132,12 @@ def run_bench(args: argparse.Namespace) -> dict:
             write_random_checkpoint(model, args.shape, dtype="bfloat16")
         else:
             print(f"using the random-weight {args.shape} checkpoint in {model}", flush=True)
+    from nv_engine.config import resolve_device
+
+    device = torch.device(resolve_device(args.device))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    bandwidth = copy_bandwidth(device)      # before the KV cache takes the memory
     llm = LLM(model, tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
@@ -153,8 +159,6 @@ def run_bench(args: argparse.Namespace) -> dict:
     outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
     wall = time.perf_counter() - start
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    device = torch.device(config.device if config.device != "cuda" else "cuda:0")
-    bandwidth = copy_bandwidth(device)
     itemsize = torch.empty(0, dtype=config.dtype).element_size()
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * itemsize
