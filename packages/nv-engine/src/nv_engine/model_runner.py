@@ -148,10 +148,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_cudagraphs(self, emulate: bool = False) -> None:
-        """Capture the decode graphs (CUDA, unless enforce_eager). emulate=True records them as
-        eager replays on any device (tests of the graph input layout on CPU)."""
-        if not emulate and (self.device.type != "cuda" or self.config.enforce_eager):
+        """Capture the decode graphs on CUDA. emulate=True records them as eager replays instead
+        (tests of the graph input layout on CPU). With enforce_eager on CUDA, decode batches are
+        still padded to the graph sizes but run eagerly: the same kernels on the same shapes, so
+        eager and graph runs give the same numbers."""
+        if self.device.type != "cuda" and not emulate:
             return
+        emulate = emulate or self.config.enforce_eager
         if not self.kv_caches:
             raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
         from nv_engine.runner_io import decode_graph_inputs
