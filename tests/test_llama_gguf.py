@@ -17,6 +17,7 @@ import pytest
 import torch
 
 pytest.importorskip("gguf")
+from hf_compare import check_logprobs_close, hf_greedy, hf_with_logprobs, load_hf, nv_with_logprobs  # noqa: E402
 from nv_engine.gguf import convert_gguf, default_gguf_path  # noqa: E402
 
 try:
@@ -61,16 +62,9 @@ def tokenizer(smollm2_dir: Path):
     return AutoTokenizer.from_pretrained(str(smollm2_dir))
 
 
-def load_hf(dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(SMOLLM2_GGUF.parent), gguf_file=SMOLLM2_GGUF.name,
-                                                dtype=dtype).to(device).eval()
-
-
 @pytest.fixture(scope="session")
 def hf_smollm2():
-    return load_hf(torch.float32, "cpu")
+    return load_hf(str(SMOLLM2_GGUF.parent), gguf_file=SMOLLM2_GGUF.name)
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
@@ -79,44 +73,15 @@ def chat_ids(tokenizer, question: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def nv_generate(model: str, **llm_kwargs) -> list[tuple[list[int], list[int], list[dict[int, float]]]]:
-    """(prompt ids, greedy output ids, top-k logprobs per output token) for the raw then chat prompts."""
+def nv_generate(model: str, ignore_eos: bool = False, **llm_kwargs) -> list:
+    """Greedy RequestOutputs (top-k logprobs) for the raw prompts, then the chat prompts."""
     from nv_engine import LLM, SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=TOP_K)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=TOP_K, ignore_eos=ignore_eos)
     with LLM(model, max_model_len=512, **llm_kwargs) as llm:
         outputs = llm.generate(RAW_PROMPTS, params, use_tqdm=False)
         outputs += llm.chat([[{"role": "user", "content": q}] for q in CHAT_PROMPTS], params, use_tqdm=False)
-    return [(list(out.prompt_token_ids), list(out.outputs[0].token_ids),
-             [{tok: lp.logprob for tok, lp in step.items()} for step in out.outputs[0].logprobs])
-            for out in outputs]
-
-
-def hf_generate(model, ids: list[int], eos: int) -> tuple[list[int], list[dict[int, float]]]:
-    """HF greedy generate(): output ids and the top-k logprobs of each step."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids], device=device),
-                             attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                             max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos,
-                             output_scores=True, return_dict_in_generate=True)
-    tokens = out.sequences[0, len(ids):].tolist()
-    logprobs = []
-    for scores in out.scores:
-        top = torch.log_softmax(scores[0].float(), dim=-1).topk(TOP_K)
-        logprobs.append(dict(zip(top.indices.tolist(), top.values.tolist())))
-    return tokens, logprobs
-
-
-def check_logprobs_close(ours: list[int], ours_lp: list[dict[int, float]], theirs: list[int],
-                         theirs_lp: list[dict[int, float]], name: str) -> None:
-    """vLLM's rule: equal tokens up to the first mismatch; there each token must be in the other's
-    top-k logprobs; the comparison stops after it."""
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a != b:
-            assert a in theirs_lp[i] and b in ours_lp[i], f"{name}: step {i}: nv {a} vs HF {b}"
-            return
-    assert len(ours) == len(theirs), f"{name}: nv {len(ours)} tokens, HF {len(theirs)}, no mismatch"
+    return outputs
 
 
 def hf_forced_argmax(model, ids: list[int], output: list[int]) -> list[int]:
@@ -153,17 +118,20 @@ def test_converted_config_and_tokenizer(smollm2_dir: Path, hf_smollm2, tokenizer
 def test_llm_greedy_equals_hf_on_cpu(smollm2_dir: Path, gguf_cache: Path, hf_smollm2, tokenizer,
                                      monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(gguf_cache))  # LLM(.gguf) reuses the session's conversion
-    results = nv_generate(str(SMOLLM2_GGUF), device="cpu", dtype="float32", num_gpu_blocks_override=128)
+    outputs = nv_generate(str(SMOLLM2_GGUF), device="cpu", dtype="float32", num_gpu_blocks_override=128)
+    results = [(out.prompt_token_ids, tokens, logprobs) for out, (tokens, logprobs)
+               in zip(outputs, nv_with_logprobs(outputs))]
     eos = tokenizer.eos_token_id
     for question, (ids, _, _) in zip(CHAT_PROMPTS, results[PARIS:]):
         assert ids == chat_ids(tokenizer, question)  # LLM.chat renders the GGUF's chat template
     for ids, tokens, _ in results:  # every nv token is HF's argmax given the same prefix
         assert tokens == hf_forced_argmax(hf_smollm2, ids, tokens), (tokenizer.decode(ids), tokenizer.decode(tokens))
-    for i in (0, PARIS + 1):  # and HF's own generate() loop agrees, raw and chat
+    for i in (0, PARIS + 1):  # and HF's own KV-cache decoding loop agrees, raw and chat, logprobs too
         ids, tokens, logprobs = results[i]
-        hf_tokens, hf_logprobs = hf_generate(hf_smollm2, ids, eos)
+        hf_tokens, hf_logprobs = hf_greedy(hf_smollm2, ids, len(tokens))
         assert tokens == hf_tokens, tokenizer.decode(ids)
-        assert abs(logprobs[0][tokens[0]] - hf_logprobs[0][tokens[0]]) < 1e-3
+        assert max(abs(lp - hf_logprobs[step, tok].item()) for step, top in enumerate(logprobs)
+                   for tok, lp in top.items()) < 1e-3
     long_outputs = [tokens for _, tokens, _ in results if eos not in tokens]
     assert len(long_outputs) >= 4 and all(len(tokens) == NEW_TOKENS for tokens in long_outputs)
     assert "Paris" in tokenizer.decode(results[PARIS][1])
@@ -184,10 +152,11 @@ def test_nv_generate_default_model_answers_paris(smollm2_dir: Path, gguf_cache: 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_llm_bf16_logprobs_close_to_hf_on_gpu(smollm2_dir: Path, gguf_cache: Path, tokenizer, monkeypatch) -> None:
+    """bf16 on the GPU: vLLM's check_logprobs_close over 32 tokens (EOS ignored on both sides)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(gguf_cache))
-    results = nv_generate(str(SMOLLM2_GGUF), device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3)
-    hf = load_hf(torch.bfloat16, "cuda")
-    for ids, tokens, logprobs in results:
-        hf_tokens, hf_logprobs = hf_generate(hf, ids, tokenizer.eos_token_id)
-        check_logprobs_close(tokens, logprobs, hf_tokens, hf_logprobs, tokenizer.decode(ids)[-60:])
-    assert "Paris" in tokenizer.decode(results[PARIS][1])
+    outputs = nv_generate(str(SMOLLM2_GGUF), ignore_eos=True, device="cuda", dtype="bfloat16",
+                          gpu_memory_utilization=0.3)
+    hf = load_hf(str(SMOLLM2_GGUF.parent), torch.bfloat16, "cuda", gguf_file=SMOLLM2_GGUF.name)
+    refs = [hf_greedy(hf, out.prompt_token_ids, NEW_TOKENS) for out in outputs]
+    check_logprobs_close(nv_with_logprobs(outputs), hf_with_logprobs(refs, TOP_K), "nv", "hf")
+    assert "Paris" in tokenizer.decode(outputs[PARIS].outputs[0].token_ids)
