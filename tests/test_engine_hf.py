@@ -305,8 +305,9 @@ def test_cuda_graphs_match_eager(make_tiny_checkpoint):
 def qwen3_06b_dir(tmp_path_factory):
     from nv_engine.random_model import write_random_checkpoint
 
+    # std 0.05: peaked next-token distributions, so bf16 rounding rarely reorders the top tokens
     return write_random_checkpoint(tmp_path_factory.mktemp("qwen3-0.6b") / "ckpt", "qwen3-0.6b",
-                                   dtype="bfloat16", with_tokenizer=False)
+                                   dtype="bfloat16", with_tokenizer=False, std=0.05)
 
 
 @pytest.mark.gpu

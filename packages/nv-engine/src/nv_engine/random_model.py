@@ -107,7 +107,8 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
 
 
 def write_random_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", *, dtype: str = "bfloat16",
-                            seed: int = 0, with_tokenizer: bool = False, **overrides) -> Path:
+                            seed: int = 0, with_tokenizer: bool = False, std: float = 0.02,
+                            **overrides) -> Path:
     """Write config.json, generation_config.json, model.safetensors (and a tokenizer) to out_dir.
     Written to a temporary sibling first and renamed, so a reader never sees half a checkpoint."""
     from safetensors.torch import save_file
@@ -121,7 +122,7 @@ def write_random_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", *, d
     try:
         config.save_pretrained(tmp)
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "do_sample": False}))
-        save_file(random_qwen3_weights(config, _DTYPES[dtype], seed), str(tmp / "model.safetensors"),
+        save_file(random_qwen3_weights(config, _DTYPES[dtype], seed, std), str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         if with_tokenizer:
             write_tokenizer(tmp, config.vocab_size)
