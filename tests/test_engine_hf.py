@@ -310,18 +310,29 @@ def qwen3_06b_dir(tmp_path_factory):
                                    dtype="bfloat16", with_tokenizer=False, std=0.05)
 
 
-@pytest.mark.gpu
-@needs_cuda
-def test_qwen3_06b_bf16_follows_hf(qwen3_06b_dir):
-    prompts = _prompts([12, 100, 333, 37], seed=8, vocab=151936)
+def _bf16_follows_hf(model_dir, device: str, vocab: int, **llm_kwargs) -> None:
+    prompts = _prompts([12, 100, 333, 37], seed=8, vocab=vocab)
     num_tokens, k = 32, 5
-    llm = LLM(str(qwen3_06b_dir), gpu_memory_utilization=0.4, max_model_len=1024)
+    llm = LLM(str(model_dir), dtype="bfloat16", device=device, max_model_len=1024, **llm_kwargs)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True,
                                                    logprobs=k), use_tqdm=False)
     llm.shutdown()
-    hf = load_hf(qwen3_06b_dir, dtype=torch.bfloat16, device="cuda")
+    hf = load_hf(model_dir, dtype=torch.bfloat16, device=device)
     refs = [hf_greedy(hf, p, num_tokens) for p in prompts]
     check_logprobs_close(_nv_with_logprobs(outputs), _hf_with_logprobs(refs, k), "nv", "hf")
+
+
+def test_tiny_bf16_follows_hf_on_cpu(tmp_path):
+    from nv_engine.random_model import write_random_checkpoint
+
+    model_dir = write_random_checkpoint(tmp_path / "tiny", "tiny", dtype="bfloat16", std=0.05)
+    _bf16_follows_hf(model_dir, "cpu", vocab=512)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_qwen3_06b_bf16_follows_hf(qwen3_06b_dir):
+    _bf16_follows_hf(qwen3_06b_dir, "cuda", vocab=151936, gpu_memory_utilization=0.4)
 
 
 @pytest.mark.gpu
