@@ -1,6 +1,7 @@
 """EngineConfig, the architecture registry and model-path resolution."""
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -21,8 +22,8 @@ def test_defaults_come_from_the_checkpoint(tiny_model_dir):
     assert config.max_blocks_per_seq == 2048 // DEFAULT_BLOCK_SIZE
     clone = pickle.loads(pickle.dumps(config))
     assert clone == config or (clone.model, clone.max_model_len) == (config.model, config.max_model_len)
-    with pytest.raises(Exception):
-        config.max_num_seqs = 3  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.max_num_seqs = 3
 
 
 def test_max_model_len_is_capped_by_the_user_and_the_model(tiny_model_dir):

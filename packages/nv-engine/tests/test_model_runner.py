@@ -1,7 +1,6 @@
 """ModelRunner on CPU: KV-cache sizing, cache layout, steps with and without sampling rows."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
