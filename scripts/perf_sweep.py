@@ -75,6 +75,33 @@ def profile_step(llm_eager, out: Path) -> str:
     return table
 
 
+def graph_step_profile(llm, out: Path) -> str:
+    """Steady-state decode at batch 256 with CUDA graphs: wall ms per step, GPU busy ms per step,
+    and the host-side ops that take the most CPU time (what the GPU may wait for)."""
+    engine = llm.llm_engine
+    ids = fill_decode(engine, 256, 1024, 200, "gprof")
+    for _ in range(5):
+        engine.step()
+    steps = 50
+    wall = timed_decode(engine, steps) / steps
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(10):
+            engine.step()
+        torch.cuda.synchronize()
+    engine.abort_request(ids)
+    prof.export_chrome_trace(str(out / "graph_trace.json"))
+    gpu = sum(e.device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA) / 10
+    cpu_rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]
+    lines = [f"graph decode, batch 256, ctx ~1024: wall {wall * 1e3:.3f} ms/step, GPU kernels {gpu / 1e3:.3f} ms/step",
+             "| host op | self CPU us per step | calls per step |", "|---|---|---|"]
+    for e in cpu_rows:
+        lines.append(f"| `{e.key[:80]}` | {e.self_cpu_time_total / 10:.1f} | {e.count / 10:.1f} |")
+    text = "\n".join(lines)
+    (out / "graph_profile.md").write_text(text + "\n")
+    return text
+
+
 def sweep(llm, bandwidth: float, weight_bytes: int, kv_per_token: int) -> list[dict]:
     engine = llm.llm_engine
     points = [("batch", b, 1024) for b in (1, 16, 64, 256, 512)] + \
@@ -123,6 +150,7 @@ def main() -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--skip-sweep", action="store_true")
+    p.add_argument("--graph-profile", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,6 +158,12 @@ def main() -> None:
         llm = LLM(args.model, max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=0.5,
                   enforce_eager=True)
         print(profile_step(llm, out), flush=True)
+        llm.shutdown()
+        del llm
+        torch.cuda.empty_cache()
+    if args.graph_profile:
+        llm = LLM(args.model, max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=0.5)
+        print(graph_step_profile(llm, out), flush=True)
         llm.shutdown()
         del llm
         torch.cuda.empty_cache()

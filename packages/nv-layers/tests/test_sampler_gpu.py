@@ -36,11 +36,12 @@ def test_no_host_sync_and_same_tokens_as_cpu():
     fused, plain = Sampler(), Sampler(use_triton=False)
     fused(logits.cuda(), tensors)  # warm-up: token keys, Triton compile
     plain(logits.cuda(), tensors)
+    logits_gpu = logits.cuda()  # the host-to-device copy itself synchronises: do it before
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out = fused(logits.cuda(), tensors)
-        out_plain = plain(logits.cuda(), tensors)
+        out = fused(logits_gpu, tensors)
+        out_plain = plain(logits_gpu, tensors)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     cpu = Sampler()(logits, full_tensors(num_rows, "cpu"))
