@@ -73,3 +73,35 @@ def test_fused_draw_is_faster_than_torch_path():
         times[name] = start.elapsed_time(end) / 20
     print(f"sampler at [256, 151936], plain temperature sampling: {times} ms/step")
     assert times["fused"] < times["torch"]
+
+
+def test_fast_path_on_bf16_logits_matches_torch_path_without_sync():
+    """Temperature-only sampling (the benchmark's case) on raw bf16 logits: the fused kernels."""
+    num_rows, vocab = 256, 151936
+    gen = torch.Generator().manual_seed(1)
+    logits = (torch.randn(num_rows, vocab, generator=gen) * 4).to(torch.bfloat16)
+    temps = torch.tensor([0.0 if i % 8 == 0 else 0.6 for i in range(num_rows)])
+    def tensors(device: str) -> SamplingTensors:
+        return SamplingTensors(
+            temperatures=temps.to(device), top_k=torch.zeros(num_rows, dtype=torch.int32,
+                                                             device=device),
+            top_p=torch.ones(num_rows, device=device), min_p=torch.zeros(num_rows, device=device),
+            seeds=torch.arange(num_rows, device=device) * 7919 - 10**12,
+            positions=torch.full((num_rows,), 123, device=device),
+            all_greedy=False, any_greedy=True, any_top_k=False, any_top_p=False, any_min_p=False)
+    on_gpu, sampler = tensors("cuda"), Sampler()
+    logits_gpu = logits.cuda()
+    sampler(logits_gpu, on_gpu)  # warm-up: Triton compile
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = sampler(logits_gpu, on_gpu).token_ids
+        greedy_only = SamplingTensors(**{**on_gpu.__dict__, "all_greedy": True})
+        got_greedy = sampler(logits_gpu, greedy_only).token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = Sampler(use_triton=False)(logits, tensors("cpu")).token_ids
+    assert int((got.cpu() != want).sum()) <= 2
+    greedy = temps <= 0
+    assert torch.equal(got.cpu()[greedy], logits.float().argmax(-1)[greedy])
+    assert torch.equal(got_greedy.cpu(), logits.float().argmax(-1))

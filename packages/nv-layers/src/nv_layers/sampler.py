@@ -14,7 +14,7 @@ Ideas from vLLM's sampler (penalty semantics, sort-based top-k/top-p) and Gumbel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections.abc import Callable
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -191,26 +191,36 @@ def compute_logprobs(logits: Tensor, token_ids: Tensor, num_logprobs: int
     return chosen.squeeze(1), ranks, topk_ids, topk_logprobs
 
 
-def _fused_gumbel_argmax() -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+def _load_fused_module() -> ModuleType | None:
     try:
-        from nv_layers.sampler_triton import gumbel_argmax
+        import nv_layers.sampler_triton as module
     except Exception:  # noqa: BLE001 - no triton (or it cannot build here): torch path
         return None
-    return gumbel_argmax
+    return module
+
+
+def fast_path_applies(t: SamplingTensors) -> bool:
+    """True when a step needs nothing but temperature (or greedy) sampling: no penalties, bans,
+    filters or logprobs. Then the fused kernel reads the logits once, in their own dtype."""
+    if t.any_penalties or t.banned_token_ids is not None or t.need_logprobs or t.num_logprobs > 0:
+        return False
+    return t.all_greedy or not (t.any_top_k or t.any_top_p or t.any_min_p)
 
 
 class Sampler(nn.Module):
     """forward(logits [S, V], SamplingTensors) -> SamplerOutput; no host sync.
 
-    use_triton: draw with the fused Triton kernel (nv_layers.sampler_triton) on CUDA; None = when
-    triton imports. The torch path is the reference and runs everywhere else.
+    use_triton: draw with the fused Triton kernels (nv_layers.sampler_triton) on CUDA; None = when
+    triton imports. The torch path is the reference and runs everywhere else. With the kernels, a
+    step that passes `fast_path_applies` is two launches on the raw logits (no fp32 copy, no
+    separate temperature pass); other steps run the torch stages, then the kernels' draw.
     """
 
     def __init__(self, use_triton: bool | None = None) -> None:
         super().__init__()
         self._token_keys: Tensor | None = None
         self.use_triton = use_triton
-        self._fused: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+        self._fused: ModuleType | None = None
 
     def token_keys(self, vocab_size: int, device: torch.device) -> Tensor:
         cached = self._token_keys
@@ -218,11 +228,11 @@ class Sampler(nn.Module):
             cached = self._token_keys = token_keys(vocab_size, device)
         return cached
 
-    def _fused_kernel(self) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
-        if self.use_triton is False:
+    def _fused_kernels(self, device: torch.device) -> ModuleType | None:
+        if self.use_triton is False or device.type != "cuda":
             return None
         if self._fused is None:
-            self._fused = _fused_gumbel_argmax()
+            self._fused = _load_fused_module()
             if self._fused is None and self.use_triton:
                 raise RuntimeError("Sampler(use_triton=True) needs triton (nv_layers.sampler_triton)")
         return self._fused
@@ -230,6 +240,11 @@ class Sampler(nn.Module):
     def forward(self, logits: Tensor, t: SamplingTensors) -> SamplerOutput:
         if logits.dim() != 2:
             raise ValueError(f"logits must be [S, V], got shape {tuple(logits.shape)}")
+        fused = self._fused_kernels(logits.device)
+        if fused is not None and fast_path_applies(t):
+            token_ids = fused.sample_tokens(logits, t.seeds, t.positions, t.temperatures,
+                                            all_greedy=t.all_greedy)
+            return SamplerOutput(token_ids, None, None, None, None)
         if logits.dtype != torch.float32:
             logits = logits.float()
         raw = logits
@@ -241,13 +256,13 @@ class Sampler(nn.Module):
         if t.all_greedy:
             token_ids = logits.argmax(dim=-1)
         else:
-            token_ids = self._sample(logits, t)
+            token_ids = self._sample(logits, t, fused)
         if not (t.need_logprobs or t.num_logprobs > 0):
             return SamplerOutput(token_ids, None, None, None, None)
         chosen, ranks, topk_ids, topk_logprobs = compute_logprobs(raw, token_ids, t.num_logprobs)
         return SamplerOutput(token_ids, chosen, topk_ids, topk_logprobs, ranks)
 
-    def _sample(self, logits: Tensor, t: SamplingTensors) -> Tensor:
+    def _sample(self, logits: Tensor, t: SamplingTensors, fused: ModuleType | None) -> Tensor:
         temps = t.temperatures.to(logits.dtype)
         greedy = temps <= 0.0  # [S]
         greedy_ids = logits.argmax(dim=-1) if t.any_greedy else None
@@ -258,12 +273,11 @@ class Sampler(nn.Module):
             scaled = apply_min_p(scaled, t.min_p)
         if t.any_top_k or t.any_top_p:
             scaled = apply_top_k_top_p(scaled, t)
-        keys = row_keys(t.seeds, t.positions)  # [S]
-        tok_keys = self.token_keys(scaled.shape[1], scaled.device)  # [V]
-        fused = self._fused_kernel() if scaled.is_cuda else None
-        if fused is not None:
-            sampled = fused(scaled, keys, tok_keys)
+        if fused is not None:  # hashes in the kernel; every row gets noise (scores already scaled)
+            sampled = fused.sample_tokens(scaled, t.seeds, t.positions)
         else:
+            keys = row_keys(t.seeds, t.positions)  # [S]
+            tok_keys = self.token_keys(scaled.shape[1], scaled.device)  # [V]
             sampled = scaled.add_(gumbel_noise(keys, tok_keys)).argmax(dim=-1)  # [S]
         if greedy_ids is None:
             return sampled

@@ -1,10 +1,17 @@
-"""Fused Gumbel-max draw for the sampler on CUDA: one pass over [S, V] scores.
+"""Fused Gumbel-max draw for the sampler on CUDA: logits (bf16 / fp16 / fp32) read once.
 
-The torch path of nv_layers.sampler builds the same noise with ~20 elementwise int64 passes over
-[S, V] (about 270 bytes of memory traffic per element, ~2.5 ms at S=256, V=151,936 on an H200); this
-kernel reads each score once and keeps a running argmax per lane. The hash is bit-identical to the
-torch path (uint32 arithmetic wraps mod 2**32, the torch path masks to 32 bits); only `log` may
-differ in the last ulp between the two, so a near-tie can rarely pick the other token.
+Stage 1 splits each row's vocabulary over several programs (`num_chunks` per row, so a batch of
+256 rows fills the GPU instead of running 256 long programs); each program converts its logits to
+fp32, divides by the row's temperature, adds the hash noise, and writes its (best value, first
+index) pair. Stage 2 reduces the per-chunk pairs of each row. A row with temperature <= 0 takes
+the argmax of the raw logits (no noise). Row keys (from seed and position) and token keys are
+computed in the kernel, so the common path is two launches.
+
+Bit-exactness with the torch path of nv_layers.sampler: the hash is the same uint32 arithmetic
+(uint32 wraps mod 2**32, the torch path masks to 32 bits); the division is IEEE round-to-nearest
+(div_rn, like torch's `/`); only `log` may differ in the last ulp, so a near-tie can rarely pick the
+other token. Ties go to the smallest index (torch.argmax's first occurrence): strict `>` within a
+lane, then the smallest index among the lanes and the chunks holding the maximum.
 """
 from __future__ import annotations
 
@@ -14,7 +21,9 @@ import triton.language as tl
 
 from nv_layers import sampler as _ref
 
-assert _ref._MUL1 < 2**31 and _ref._MUL2 < 2**31  # literals stay int32 in Triton
+# Literals below 2**31 stay int32 in Triton; the salts are in [2**31, 2**32): uint32 literals.
+assert _ref._MUL1 < 2**31 and _ref._MUL2 < 2**31
+assert 2**31 <= _ref._SEED_SALT < 2**32 and 2**31 <= _ref._TOKEN_SALT < 2**32
 
 
 @triton.jit
@@ -38,40 +47,119 @@ def _min2(a, b):
     return tl.minimum(a, b)
 
 
-# Only builtins and our own jit helpers inside the kernel: triton.language's @jit helpers
-# (tl.zeros, tl.max, ...) cannot run under TRITON_INTERPRET=1 once triton was imported without it.
 @triton.jit
-def _gumbel_argmax_kernel(scores_ptr, stride_s, row_keys_ptr, tok_keys_ptr, out_ptr, vocab,
-                          BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    key = tl.load(row_keys_ptr + row).to(tl.uint32)
+def _row_key(seeds_ptr, positions_ptr, row):
+    # Same as nv_layers.sampler.row_keys: low word, high word of the seed, then the position.
+    seed = tl.load(seeds_ptr + row).to(tl.int64)
+    pos = tl.load(positions_ptr + row).to(tl.int64)
+    key = _mix32(seed.to(tl.uint32) ^ 0x9E3779B9)
+    key = _mix32(key ^ (seed >> 32).to(tl.uint32))
+    return _mix32(key ^ pos.to(tl.uint32))
+
+
+@triton.jit
+def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """(max value, its first index) of logits[start:end] (/ temp + noise when NOISE)."""
+    lanes = tl.arange(0, BLOCK)
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_idx = tl.full([BLOCK], 0, tl.int32)
-    for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < vocab
-        score = tl.load(scores_ptr + row * stride_s + offs, mask=mask, other=float("-inf"))
-        tok = tl.load(tok_keys_ptr + offs, mask=mask, other=0).to(tl.uint32)
-        bits = _mix32(tok ^ key)
-        u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # (0, 1), as uniform_from_bits
-        val = score - tl.log(-tl.log(u))
-        better = mask & (val > best_val)  # strict: the first index wins within a lane
+    best_idx = start + lanes  # a lane that never beats -inf keeps its first index
+    for off in range(start, end, BLOCK):
+        offs = off + lanes
+        mask = offs < end
+        val = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        if NOISE:
+            if SCALE:
+                val = tl.math.div_rn(val, temp)
+            tok = _mix32(offs.to(tl.uint32) ^ 0x85EBCA6B)  # nv_layers.sampler.token_keys
+            bits = _mix32(tok ^ key)
+            u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # as uniform_from_bits
+            val = val - tl.log(-tl.log(u))
+        better = val > best_val  # strict: the first index wins within a lane
         best_val = tl.where(better, val, best_val)
         best_idx = tl.where(better, offs, best_idx)
     top = tl.reduce(best_val, 0, _max2)
-    # Smallest index among the lanes holding the maximum (torch.argmax's first occurrence).
-    idx = tl.reduce(tl.where(best_val == top, best_idx, vocab), 0, _min2)
-    tl.store(out_ptr + row, idx.to(tl.int64))
+    idx = tl.reduce(tl.where(best_val == top, best_idx, end), 0, _min2)
+    return top, idx
 
 
-def gumbel_argmax(scores: torch.Tensor, row_keys: torch.Tensor, tok_keys: torch.Tensor,
-                  block: int = 2048) -> torch.Tensor:
-    """argmax(scores + Gumbel(hash(row key, token key))) per row: [S, V] float32 -> [S] int64."""
-    if scores.stride(1) != 1:
-        scores = scores.contiguous()
-    num_rows, vocab = scores.shape
-    out = torch.empty(num_rows, dtype=torch.int64, device=scores.device)
-    if num_rows:
-        _gumbel_argmax_kernel[(num_rows,)](scores, scores.stride(0), row_keys.contiguous(),
-                                           tok_keys, out, vocab, BLOCK=block)
+# Only builtins and our own jit helpers inside the kernels: triton.language's @jit helpers
+# (tl.zeros, tl.max, ...) cannot run under TRITON_INTERPRET=1 once triton was imported without it.
+@triton.jit
+def _partial_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, positions_ptr, part_val_ptr,
+                    part_idx_ptr, vocab, chunk, num_chunks, ALL_GREEDY: tl.constexpr,
+                    SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    start = c * chunk
+    end = tl.minimum(start + chunk, vocab)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    if ALL_GREEDY:
+        top, idx = _chunk_argmax(row_ptr, start, end, 0, 1.0, False, False, BLOCK)
+    else:
+        temp = 1.0
+        if SCALE:
+            temp = tl.load(temps_ptr + row).to(tl.float32)
+        if temp > 0.0:
+            key = _row_key(seeds_ptr, positions_ptr, row)
+            top, idx = _chunk_argmax(row_ptr, start, end, key, temp, True, SCALE, BLOCK)
+        else:
+            top, idx = _chunk_argmax(row_ptr, start, end, 0, 1.0, False, False, BLOCK)
+    tl.store(part_val_ptr + row * num_chunks + c, top)
+    tl.store(part_idx_ptr + row * num_chunks + c, idx)
+
+
+@triton.jit
+def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_rows, num_chunks, vocab,
+                   ROWS: tl.constexpr, CHUNKS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
+    cols = tl.arange(0, CHUNKS)  # [CHUNKS]
+    mask = (rows < num_rows)[:, None] & (cols < num_chunks)[None, :]
+    offs = rows[:, None] * num_chunks + cols[None, :]
+    val = tl.load(part_val_ptr + offs, mask=mask, other=float("-inf"))  # [ROWS, CHUNKS]
+    idx = tl.load(part_idx_ptr + offs, mask=mask, other=vocab)
+    top = tl.reduce(val, 1, _max2)  # [ROWS]
+    first = tl.reduce(tl.where(val == top[:, None], idx, vocab), 1, _min2)
+    tl.store(out_ptr + rows, first.to(tl.int64), mask=rows < num_rows)
+
+
+def default_num_chunks(num_rows: int, vocab: int, block: int) -> int:
+    """Programs per row: about 4,096 programs in all (8-64 per row), at most one per block."""
+    wanted = min(64, max(8, triton.cdiv(4096, max(num_rows, 1))))
+    return max(1, min(wanted, triton.cdiv(vocab, block)))
+
+
+def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                  temperatures: torch.Tensor | None = None, *, all_greedy: bool = False,
+                  block: int = 1024, num_chunks: int | None = None) -> torch.Tensor:
+    """Gumbel-max draw per row: [S, V] logits (any float dtype) -> [S] int64 token ids.
+
+    temperatures [S]: each row is divided by its temperature before the noise; rows <= 0 take
+    argmax(logits). None: the logits are already scaled and every row gets noise.
+    all_greedy: argmax of every row (no noise, temperatures not read). No host sync.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [S, V], got shape {tuple(logits.shape)}")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    num_rows, vocab = logits.shape
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return out
+    if vocab == 0:
+        raise ValueError("logits have an empty vocabulary")
+    chunks = num_chunks or default_num_chunks(num_rows, vocab, block)
+    chunk = triton.cdiv(triton.cdiv(vocab, chunks), block) * block
+    chunks = triton.cdiv(vocab, chunk)  # no empty chunk
+    part_val = torch.empty(num_rows, chunks, dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty(num_rows, chunks, dtype=torch.int32, device=logits.device)
+    scale = temperatures is not None
+    temps = temperatures if scale else seeds  # unread when SCALE is off
+    _partial_kernel[(num_rows, chunks)](
+        logits, logits.stride(0), temps, seeds, positions, part_val, part_idx, vocab, chunk,
+        chunks, ALL_GREEDY=all_greedy, SCALE=scale, BLOCK=block, num_warps=4)
+    rows_per_program = 16
+    _reduce_kernel[(triton.cdiv(num_rows, rows_per_program),)](
+        part_val, part_idx, out, num_rows, chunks, vocab, ROWS=rows_per_program,
+        CHUNKS=triton.next_power_of_2(chunks), num_warps=4)
     return out
