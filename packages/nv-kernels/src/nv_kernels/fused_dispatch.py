@@ -6,9 +6,11 @@ of the wiring at tiny shapes). The environment variable NV_FUSED_OPS sets the st
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -75,3 +77,26 @@ def fused_ops_enabled(*tensors: torch.Tensor) -> bool:
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreted_copy(module_name: str) -> ModuleType:
+    """A private copy of a fused-kernel module whose kernels run in Triton's interpreter (tests on CPU).
+
+    Triton picks interpretation when a kernel is defined, so the copy is executed with TRITON_INTERPRET=1
+    whatever mode the imported module got. The fused modules only call jit helpers defined in themselves.
+    """
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"no module {module_name!r}")
+    copy_spec = importlib.util.spec_from_file_location(f"{module_name}__interpreted", spec.origin)
+    module = importlib.util.module_from_spec(copy_spec)
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        copy_spec.loader.exec_module(module)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+    return module
