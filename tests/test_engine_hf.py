@@ -3,17 +3,20 @@
 Greedy tokens must equal HF's token for token, whatever the batching: chunked-prefill budgets,
 prefix-cache hits, preemption, n > 1 siblings, greedy rows next to sampled ones. Logprobs must
 equal HF's log_softmax. On the GPU: CUDA graphs vs eager, and bf16 at the Qwen3-0.6B shape by
-vLLM's check_logprobs_close rule (the helper is here).
+vLLM's check_logprobs_close rule (tests/hf_compare.py).
 """
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
-
-import numpy as np
 import pytest
 import torch
-
+from hf_compare import (
+    check_logprobs_close,
+    hf_greedy,
+    hf_with_logprobs,
+    load_hf,
+    nv_with_logprobs,
+)
+from hf_compare import random_prompts as _prompts
 from nv_engine import LLM, LLMEngine, SamplingParams
 
 MAX_TOKENS = 40
@@ -27,39 +30,6 @@ def _one_cpu_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-def _prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 384) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, vocab, n).tolist() for n in lengths]
-
-
-def load_hf(model_dir, dtype=torch.float32, device="cpu"):
-    from transformers import AutoModelForCausalLM
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    except TypeError:  # transformers < 4.56
-        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype)
-    return model.to(device).eval()
-
-
-@torch.no_grad()
-def hf_greedy(model, prompt: list[int], num_tokens: int) -> tuple[list[int], torch.Tensor]:
-    """HF greedy decoding with its own KV cache: (tokens, log_softmax rows [num_tokens, V])."""
-    device = next(model.parameters()).device
-    out = model(torch.tensor([prompt], device=device), use_cache=True)
-    tokens, logprobs = [], []
-    for i in range(num_tokens):
-        lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        tokens.append(int(lp.argmax()))
-        logprobs.append(lp.cpu())
-        if i + 1 < num_tokens:
-            with warnings.catch_warnings():  # newer transformers renames past_key_values to cache
-                warnings.simplefilter("ignore", FutureWarning)
-                out = model(torch.tensor([[tokens[-1]]], device=device),
-                            past_key_values=out.past_key_values, use_cache=True)
-    return tokens, torch.stack(logprobs)
 
 
 @pytest.fixture(scope="module")
@@ -81,37 +51,6 @@ def llm(tiny_qwen3_dir):
     engine = LLM(str(tiny_qwen3_dir))
     yield engine
     engine.shutdown()
-
-
-def check_logprobs_close(outputs_0: Sequence[tuple[list[int], list[dict[int, float]]]],
-                         outputs_1: Sequence[tuple[list[int], list[dict[int, float]]]],
-                         name_0: str = "0", name_1: str = "1") -> None:
-    """vLLM's rule (tests/models/utils.py): walk each pair of sequences; at the first differing
-    token, each side's token must be in the other's top-k logprobs at that position; then stop
-    comparing that pair (the continuations legitimately diverge)."""
-    assert len(outputs_0) == len(outputs_1)
-    for i, ((ids_0, lps_0), (ids_1, lps_1)) in enumerate(zip(outputs_0, outputs_1)):
-        for pos, (t0, t1) in enumerate(zip(ids_0, ids_1)):
-            if t0 == t1:
-                continue
-            assert t0 in lps_1[pos], (f"prompt {i}, token {pos}: {name_0} chose {t0}, not in {name_1}'s "
-                                      f"top logprobs {lps_1[pos]}")
-            assert t1 in lps_0[pos], (f"prompt {i}, token {pos}: {name_1} chose {t1}, not in {name_0}'s "
-                                      f"top logprobs {lps_0[pos]}")
-            break
-
-
-def _nv_with_logprobs(outputs) -> list[tuple[list[int], list[dict[int, float]]]]:
-    return [(o.outputs[0].token_ids, [{t: lp.logprob for t, lp in d.items()} for d in o.outputs[0].logprobs])
-            for o in outputs]
-
-
-def _hf_with_logprobs(refs, k: int) -> list[tuple[list[int], list[dict[int, float]]]]:
-    result = []
-    for tokens, lps in refs:
-        top = lps.topk(k, dim=-1)
-        result.append((tokens, [dict(zip(ids.tolist(), vals.tolist())) for vals, ids in zip(top.values, top.indices)]))
-    return result
 
 
 # ---- CPU ------------------------------------------------------------------------------------
@@ -237,7 +176,7 @@ def test_logprobs_match_hf(llm, hf_ref):
                 assert abs(lp.logprob - float(ref[pos, tok])) < 1e-4, (pos, tok)
         assert completion.cumulative_logprob == pytest.approx(float(sum(ref[i, t] for i, t in enumerate(tokens))),
                                                               abs=1e-3)
-    check_logprobs_close(_nv_with_logprobs(outputs), _hf_with_logprobs([hf_ref(p) for p in prompts], 5), "nv", "hf")
+    check_logprobs_close(nv_with_logprobs(outputs), hf_with_logprobs([hf_ref(p) for p in prompts], 5), "nv", "hf")
 
 
 def test_emulated_decode_graphs_match_hf(tiny_qwen3_dir, hf_ref):
@@ -319,7 +258,7 @@ def _bf16_follows_hf(model_dir, device: str, vocab: int, **llm_kwargs) -> None:
     llm.shutdown()
     hf = load_hf(model_dir, dtype=torch.bfloat16, device=device)
     refs = [hf_greedy(hf, p, num_tokens) for p in prompts]
-    check_logprobs_close(_nv_with_logprobs(outputs), _hf_with_logprobs(refs, k), "nv", "hf")
+    check_logprobs_close(nv_with_logprobs(outputs), hf_with_logprobs(refs, k), "nv", "hf")
 
 
 def test_tiny_bf16_follows_hf_on_cpu(tmp_path):
