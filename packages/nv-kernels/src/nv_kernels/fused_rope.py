@@ -141,6 +141,13 @@ def _check(q: Tensor, k: Tensor, v: Tensor | None, positions: Tensor, cos_sin_ca
             raise ValueError(f"norm weights must be [{head_dim}] in {q.dtype}, got {tuple(w.shape)} {w.dtype}")
 
 
+def can_store_into(k_cache: Tensor, v_cache: Tensor, num_kv_heads: int, head_dim: int) -> bool:
+    """True when qk_norm_rope_triton can write k/v into these caches ([NB, BS, Hkv, D], equal strides)."""
+    return (k_cache.dim() == 4 and k_cache.numel() > 0 and tuple(k_cache.shape[2:]) == (num_kv_heads, head_dim)
+            and v_cache.shape == k_cache.shape and k_cache.stride() == v_cache.stride()
+            and k_cache.stride(-1) == 1 and k_cache.device == v_cache.device)
+
+
 def qk_norm_rope_triton(
     q: Tensor, k: Tensor, v: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, *, head_dim: int,
     rotary_dim: int, q_weight: Tensor | None = None, k_weight: Tensor | None = None, eps: float = 1e-6,
@@ -157,8 +164,7 @@ def qk_norm_rope_triton(
     store = k_cache is not None
     if store and (v3 is None or v_cache is None or slot_mapping is None):
         raise ValueError("storing into the KV cache needs v, k_cache, v_cache and slot_mapping")
-    if store and (k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1
-                  or k_cache.shape[2:] != k3.shape[1:]):
+    if store and not can_store_into(k_cache, v_cache, k3.shape[1], head_dim):
         raise ValueError(f"caches must be [NB, BS, {k3.shape[1]}, {head_dim}] with equal strides")
     num_tokens, num_q_heads, _ = q3.shape
     num_kv_heads = k3.shape[1]

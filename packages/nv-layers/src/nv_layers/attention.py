@@ -22,8 +22,9 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)   # [NB, BS, Hkv, D] once the runner assigns it
         self.v_cache = torch.empty(0)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_stored: bool = False) -> torch.Tensor:
+        # q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]; kv_stored: the caller already wrote k/v into
+        # k_cache/v_cache at ctx.slot_mapping (a fused kernel did), so the backend's store is skipped
         ctx = get_forward_context()
         num_tokens = q.shape[0]
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
@@ -33,7 +34,8 @@ class Attention(nn.Module):
             out = self._attend_without_cache(q, k, v, ctx)
         else:
             backend = ctx.backend
-            backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+            if not kv_stored:
+                backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
             if ctx.is_decode:
                 out = backend.decode(q, self.k_cache, self.v_cache, seq_lens=ctx.seq_lens,
                                      block_tables=ctx.block_tables, max_seqlen_k=ctx.max_seqlen_k,

@@ -1,8 +1,13 @@
-"""RMSNorm with an optional fused residual add (numerics as HF's Qwen3RMSNorm)."""
+"""RMSNorm with an optional fused residual add (numerics as HF's Qwen3RMSNorm).
+
+On CUDA one Triton kernel does the add and the norm (nv_kernels.fused_norm); elsewhere torch ops."""
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from nv_kernels.fused_dispatch import fused_ops_enabled
+from nv_kernels.fused_norm import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -18,6 +23,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """x [..., H]. Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
+        if fused_ops_enabled(x):
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         summed = x + residual                     # the add in the model dtype, as HF does

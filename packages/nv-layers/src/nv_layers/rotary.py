@@ -15,6 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
+from nv_kernels.fused_rope import qk_norm_rope_triton
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
@@ -146,6 +149,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions [T]; q [T, Hq, D] or [T, Hq*D]; k [T, Hkv, D] or [T, Hkv*D]
+        if fused_ops_enabled(q, k) and q.dtype == k.dtype and q.dtype in FLOAT_DTYPES:
+            # one Triton kernel for q and k (nv_kernels.fused_rope), same math as _rotate
+            q_out, k_out, _ = qk_norm_rope_triton(q, k, None, positions, self.cos_sin_cache,
+                                                  head_dim=self.head_size, rotary_dim=self.rotary_dim)
+            return q_out.view(q.shape), k_out.view(k.shape)
         cos_sin = self.cos_sin_cache.index_select(0, positions).float()     # [T, rd]
         cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)                     # [T, 1, rd/2]
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

@@ -10,9 +10,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
+from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
 from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention
 from nv_layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from nv_layers.forward_context import get_forward_context
 from nv_layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nv_layers.norm import RMSNorm
 from nv_layers.parallel_state import get_tp_size
@@ -49,7 +52,10 @@ class QwenAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # hidden [T, H] -> [T, H]
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(hidden)                                            # [T, (Hq + 2 Hkv) * D]
+        if self._can_fuse(qkv):
+            return self.o_proj(self._fused_attention(positions, qkv))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)               # [T, Hq, D]
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)            # [T, Hkv, D]
         if self.qk_norm:
@@ -57,6 +63,27 @@ class QwenAttention(nn.Module):
         q, k = self.rotary_emb(positions, q, k)
         out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.contiguous())
         return self.o_proj(out)
+
+    def _can_fuse(self, qkv: torch.Tensor) -> bool:
+        if not fused_ops_enabled(qkv) or qkv.dtype not in FLOAT_DTYPES:
+            return False
+        return not self.qk_norm or self.q_norm.weight.dtype == self.k_norm.weight.dtype == qkv.dtype
+
+    def _fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """CUDA: q/k norm, rotary and the KV-cache store in one kernel (nv_kernels.fused_rope)."""
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # strided views
+        kwargs: dict[str, Any] = {}
+        if self.qk_norm:
+            kwargs.update(q_weight=self.q_norm.weight, k_weight=self.k_norm.weight, eps=self.q_norm.eps)
+        attn = self.attn
+        store = can_store_into(attn.k_cache, attn.v_cache, self.num_kv_heads, self.head_dim)
+        if store:
+            kwargs.update(k_cache=attn.k_cache, v_cache=attn.v_cache,
+                          slot_mapping=get_forward_context().slot_mapping)
+        q, k, v = qk_norm_rope_triton(q, k, v, positions, self.rotary_emb.cos_sin_cache, head_dim=self.head_dim,
+                                      rotary_dim=self.rotary_emb.rotary_dim, **kwargs)   # [T, H, D] each
+        return attn(q.view(num_tokens, -1), k.view(num_tokens, -1), v.view(num_tokens, -1), kv_stored=store)
 
 
 class QwenMLP(nn.Module):

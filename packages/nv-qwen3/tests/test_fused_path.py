@@ -1,0 +1,135 @@
+"""The fused-kernel path of the layers and the model (what runs on CUDA) equals the torch path.
+
+On CPU the fused kernels run in Triton's interpreter with nv_kernels' fused ops forced "on"; the
+root conftest sets TRITON_INTERPRET=1 before anything imports triton when there is no GPU.
+Covers RMSNorm (+ residual), SiluAndMul, RotaryEmbedding, and whole Qwen3 / Qwen2 / Llama forwards
+(prefill, then decode) with a paged KV cache written by the fused q/k-norm + rotary + store kernel.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+from nv_kernels import fused_norm, fused_ops
+from nv_kernels.torch_backend import TorchBackend
+from nv_layers import ForwardContext, RMSNorm, SiluAndMul, forward_context, get_rope
+from nv_llama import LlamaForCausalLM
+from nv_qwen3 import Qwen2ForCausalLM, Qwen3ForCausalLM
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available()
+    or type(fused_norm._rms_norm_kernel).__name__ != "InterpretedFunction",
+    reason="needs the Triton interpreter on a machine without a GPU (the GPU runs these in its own tests)")
+
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6)
+BLOCK_SIZE, NUM_BLOCKS = 4, 16
+
+
+def both_paths(fn: Any) -> tuple[Any, Any]:
+    with fused_ops("on"):
+        fused = fn()
+    with fused_ops("off"):
+        plain = fn()
+    return fused, plain
+
+
+def test_layers_match() -> None:
+    gen = torch.Generator().manual_seed(0)
+    norm = RMSNorm(48, eps=1e-5)
+    norm.weight.data = torch.rand(48, generator=gen) + 0.5
+    x, res = torch.randn(5, 48, generator=gen), torch.randn(5, 48, generator=gen)
+    fused, plain = both_paths(lambda: (norm(x), *norm(x, res)))
+    for a, b in zip(fused, plain):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(5, 2 * 40, generator=gen)
+    fused, plain = both_paths(lambda: SiluAndMul()(gate_up))
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    rope = get_rope(16, 8, 128, 10000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+    q, k = torch.randn(5, 3, 16, generator=gen), torch.randn(5, 48, generator=gen)
+    positions = torch.tensor([0, 7, 31, 90, 127])
+    fused, plain = both_paths(lambda: rope(positions, q, k))
+    for a, b in zip(fused, plain):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def randomise_(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(torch.rand(param.shape, generator=gen) + 0.5)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+
+
+def attach_caches(model: torch.nn.Module) -> list[torch.Tensor]:
+    caches = []
+    for layer in model.model.layers:
+        attn = layer.self_attn.attn
+        kv = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim)   # [2, NB, BS, Hkv, D]
+        attn.k_cache, attn.v_cache = kv[0], kv[1]
+        caches.append(kv)
+    return caches
+
+
+class CountingBackend(TorchBackend):
+    def __init__(self) -> None:
+        self.stores = 0
+
+    def store_kvcache(self, *args: Any) -> None:
+        self.stores += 1
+        super().store_kvcache(*args)
+
+
+def run_model(model_cls: type, config: Any, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Prefill three sequences (5, 3 and 1 tokens; the last one's slot is -1, so its K/V are never
+    stored and it attends to an empty page), then decode one token for the first two."""
+    model = model_cls(config)
+    randomise_(model, seed)
+    caches = attach_caches(model)
+    backend = CountingBackend()
+    block_tables = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (9,), generator=gen)
+    positions = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 0])
+    slots = torch.tensor([0, 1, 2, 3, 4, 12, 13, 14, -1])                 # last row: skipped
+    prefill = ForwardContext(is_decode=False, slot_mapping=slots,
+                             seq_lens=torch.tensor([5, 3, 1], dtype=torch.int32), block_tables=block_tables,
+                             cu_seqlens_q=torch.tensor([0, 5, 8, 9], dtype=torch.int32),
+                             max_seqlen_q=5, max_seqlen_k=5, logits_indices=None, backend=backend)
+    decode = ForwardContext(is_decode=True, slot_mapping=torch.tensor([5, 15]),
+                            seq_lens=torch.tensor([6, 4], dtype=torch.int32), block_tables=block_tables[:2],
+                            cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=6, logits_indices=None, backend=backend)
+    outputs = []
+    with torch.no_grad():
+        with forward_context(prefill):
+            outputs.append(model(ids, positions))
+        with forward_context(decode):
+            outputs.append(model(torch.tensor([3, 7]), torch.tensor([5, 3])))
+    return outputs, caches, backend.stores
+
+
+@pytest.mark.parametrize("model_cls,config", [
+    (Qwen3ForCausalLM, Qwen3Config(**SHAPE)),
+    (Qwen3ForCausalLM, Qwen3Config(**SHAPE, attention_bias=True, partial_rotary_factor=0.5)),
+    (Qwen2ForCausalLM, Qwen2Config(**{k: v for k, v in SHAPE.items() if k != "head_dim"})),
+    (LlamaForCausalLM, LlamaConfig(**SHAPE, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                          "original_max_position_embeddings": 32})),
+])
+def test_model_fused_equals_torch_path(model_cls: type, config: Any) -> None:
+    (fused_out, fused_caches, fused_stores), (plain_out, plain_caches, plain_stores) = both_paths(
+        lambda: run_model(model_cls, config, seed=1))
+    assert fused_stores == 0                         # K/V went into the cache inside the fused kernel
+    assert plain_stores == 2 * config.num_hidden_layers
+    for a, b in zip(fused_out, plain_out):
+        assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for a, b in zip(fused_caches, plain_caches):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
