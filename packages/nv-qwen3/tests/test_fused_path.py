@@ -2,8 +2,9 @@
 
 On CPU the fused kernels run in Triton's interpreter with nv_kernels' fused ops forced "on"; the
 root conftest sets TRITON_INTERPRET=1 before anything imports triton when there is no GPU.
-Covers RMSNorm (+ residual), SiluAndMul, RotaryEmbedding, and whole Qwen3 / Qwen2 / Llama forwards
+Covers RMSNorm (+ residual), SiluAndMul, RotaryEmbedding, and whole Qwen3 / Qwen2 forwards
 (prefill, then decode) with a paged KV cache written by the fused q/k-norm + rotary + store kernel.
+nv_llama's model is this decoder with qk_norm False, as Qwen2 here.
 """
 from __future__ import annotations
 
@@ -12,12 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import Qwen2Config, Qwen3Config
 
 from nv_kernels import fused_norm, fused_ops
 from nv_kernels.torch_backend import TorchBackend
 from nv_layers import ForwardContext, RMSNorm, SiluAndMul, forward_context, get_rope
-from nv_llama import LlamaForCausalLM
 from nv_qwen3 import Qwen2ForCausalLM, Qwen3ForCausalLM
 
 pytestmark = pytest.mark.skipif(
@@ -120,8 +120,9 @@ def run_model(model_cls: type, config: Any, seed: int) -> tuple[list[torch.Tenso
     (Qwen3ForCausalLM, Qwen3Config(**SHAPE)),
     (Qwen3ForCausalLM, Qwen3Config(**SHAPE, attention_bias=True, partial_rotary_factor=0.5)),
     (Qwen2ForCausalLM, Qwen2Config(**{k: v for k, v in SHAPE.items() if k != "head_dim"})),
-    (LlamaForCausalLM, LlamaConfig(**SHAPE, rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                                          "original_max_position_embeddings": 32})),
+    (Qwen2ForCausalLM, Qwen2Config(**{k: v for k, v in SHAPE.items() if k != "head_dim"},
+                                   rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 32})),
 ])
 def test_model_fused_equals_torch_path(model_cls: type, config: Any) -> None:
     (fused_out, fused_caches, fused_stores), (plain_out, plain_caches, plain_stores) = both_paths(
