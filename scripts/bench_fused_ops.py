@@ -110,7 +110,7 @@ def bench_layer(batch: int, context: int, results: dict) -> None:
         whole = {}
         for path in ("torch", "fused"):
             seq = [fns[path] for fns in ops.values()]
-            whole[path] = graph_ms(lambda: [fn() for fn in seq], LAYERS) * 1e3   # us per step
+            whole[path] = graph_ms(lambda seq=seq: [fn() for fn in seq], LAYERS) * 1e3   # us per step
     saving = whole["torch"] - whole["fused"]
     print(f"CUDA graph, {LAYERS} layers: torch {whole['torch']:.1f} us/step ({whole['torch'] / LAYERS:.2f}/layer), "
           f"fused {whole['fused']:.1f} us/step ({whole['fused'] / LAYERS:.2f}/layer), saving {saving:.1f} us/step")

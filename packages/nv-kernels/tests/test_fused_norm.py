@@ -153,6 +153,7 @@ def test_gpu_dispatch_and_cuda_graph() -> None:
     x, residual, weight = inputs(256, 1024, torch.bfloat16, device="cuda")
     static_x, static_r = x.clone(), residual.clone()
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         nv_kernels.rms_norm(static_x, weight, 1e-6, static_r)             # warm up (compile) off-graph
     torch.cuda.current_stream().wait_stream(stream)
