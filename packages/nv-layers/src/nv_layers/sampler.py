@@ -8,7 +8,9 @@ counter-based integer hash of (seed, position, token id) in int64 torch ops, so 
 the same token whatever batch, row or device-step it runs in.
 
 Which stages run is decided by Python flags in `SamplingTensors` (set by the engine from the
-requests' parameters), never by tensor values, so a step never waits on the device.
+requests' parameters), never by tensor values, so a step never waits on the device. On CUDA a
+step with temperature-only sampling (no penalties, bans, filters or logprobs) skips the torch
+stages: nv_layers.sampler_triton draws from the raw (bf16) logits in two launches.
 Ideas from vLLM's sampler (penalty semantics, sort-based top-k/top-p) and Gumbel-max sampling.
 """
 from __future__ import annotations

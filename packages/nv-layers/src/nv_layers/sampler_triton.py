@@ -62,6 +62,7 @@ def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl
                   BLOCK: tl.constexpr):
     """(max value, its first index) of logits[start:end] (/ temp + noise when NOISE)."""
     lanes = tl.arange(0, BLOCK)
+    temps = tl.full([BLOCK], 0.0, tl.float32) + temp  # [BLOCK]: div_rn gets equal shapes
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = start + lanes  # a lane that never beats -inf keeps its first index
     for off in range(start, end, BLOCK):
@@ -70,7 +71,7 @@ def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl
         val = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
         if NOISE:
             if SCALE:
-                val = tl.math.div_rn(val, temp)
+                val = tl.math.div_rn(val, temps)
             tok = _mix32(offs.to(tl.uint32) ^ 0x85EBCA6B)  # nv_layers.sampler.token_keys
             bits = _mix32(tok ^ key)
             u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # as uniform_from_bits
@@ -161,5 +162,5 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     rows_per_program = 16
     _reduce_kernel[(triton.cdiv(num_rows, rows_per_program),)](
         part_val, part_idx, out, num_rows, chunks, vocab, ROWS=rows_per_program,
-        CHUNKS=triton.next_power_of_2(chunks), num_warps=4)
+        CHUNKS=max(2, triton.next_power_of_2(chunks)), num_warps=4)
     return out
