@@ -48,7 +48,7 @@ def hf_ref(tiny_qwen3_dir):
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3_dir):
-    engine = LLM(str(tiny_qwen3_dir))
+    engine = LLM(str(tiny_qwen3_dir), block_size=16)   # short test prompts still fill whole blocks
     yield engine
     engine.shutdown()
 
@@ -82,7 +82,7 @@ def test_string_prompt_matches_hf(llm, hf_ref):
 def test_prefix_caching_hits_and_matches_hf(tiny_qwen3_dir, hf_ref, caching):
     prefix = _prompts([40], seed=1)[0]
     prompts = [prefix + tail for tail in _prompts([5, 9, 12], seed=2)]
-    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=caching)
+    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=caching, block_size=16)
     try:
         first = llm.generate([prompts[0]], GREEDY, use_tqdm=False)[0]
         rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)
@@ -97,7 +97,7 @@ def test_prefix_caching_hits_and_matches_hf(tiny_qwen3_dir, hf_ref, caching):
 
 def test_preemption_gives_the_same_tokens(tiny_qwen3_dir, hf_ref):
     prompts = _prompts([30, 31, 29, 33], seed=3)
-    engine = LLMEngine(model=str(tiny_qwen3_dir), num_gpu_blocks_override=10, stream_outputs=False)
+    engine = LLMEngine(model=str(tiny_qwen3_dir), num_gpu_blocks_override=10, block_size=16, stream_outputs=False)
     preempted = []
     schedule = engine.scheduler.schedule
 

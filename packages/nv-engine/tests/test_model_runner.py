@@ -14,7 +14,7 @@ from nv_engine.model_runner import ModelRunner
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir):
-    config = EngineConfig.create(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8)
+    config = EngineConfig.create(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8, block_size=16)
     r = ModelRunner(config, 0)
     yield r
     r.shutdown()

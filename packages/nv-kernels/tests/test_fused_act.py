@@ -18,7 +18,7 @@ from nv_kernels.fused_dispatch import fused_ops, interpreted_copy
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # silu(-100) on numpy
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}   # 2 ulps of the dtype
 
 
 def nan_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
