@@ -100,13 +100,21 @@ class CompletionChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class CompletionResponse(BaseModel):
+class ResponseEnvelope(BaseModel):
+    """The fields every completion / chat body and chunk carries, in OpenAI's order; subclasses narrow
+    `object` and `choices` (pydantic keeps a redeclared field in its base position)."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int = Field(default_factory=now)
     model: str
-    choices: list[CompletionChoice]
+    choices: list[Any]
     usage: UsageInfo | None = None
+
+
+class CompletionResponse(ResponseEnvelope):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
 
 
 class TopLogprob(BaseModel):
@@ -136,13 +144,9 @@ class ChatChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(ResponseEnvelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[ChatChoice]
-    usage: UsageInfo | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -158,22 +162,13 @@ class ChatStreamChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(ResponseEnvelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
 
 
-class CompletionChunk(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
+class CompletionChunk(CompletionResponse):
+    """A streamed completion chunk: OpenAI gives it the same body as the full response."""
 
 
 class ModelCard(BaseModel):
