@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from nv_engine.server.errors import APIError
 from nv_engine.server.metrics import ServerMetrics
@@ -164,12 +164,17 @@ class AsyncEngine:
         self._fail_all(APIError("The server is shutting down.", status=503))
         self._reject_pending_adds()
 
-    def _process_commands(self) -> None:
+    def _queued_commands(self) -> Iterator[tuple[Any, ...]]:
+        """Take the queued commands, oldest first, until the queue is empty."""
         while True:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
+            yield cmd
+
+    def _process_commands(self) -> None:
+        for cmd in self._queued_commands():
             if cmd[0] == "add":
                 _, request_id, prompt, params, stream, accepted = cmd
                 try:
@@ -185,11 +190,7 @@ class AsyncEngine:
                     self.engine.abort_request(request_id)
 
     def _reject_pending_adds(self) -> None:
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for cmd in self._queued_commands():
             if cmd[0] == "add":
                 self._call_soon(_resolve, cmd[5], APIError("The engine is not running.", status=503))
 
