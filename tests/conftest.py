@@ -11,6 +11,8 @@ Fixtures (all session-scoped, files written once per test session, read-only for
 - `tiny_qwen3_untied_dir`: Qwen3, untied lm_head.
 - `tiny_qwen2_dir`: Qwen2 (q/k/v bias), untied.
 
+Plus `one_cpu_thread` (module-scoped, opt-in with `pytest.mark.usefixtures`): torch on one thread.
+
 Every checkpoint holds config.json, generation_config.json, model.safetensors (fp32) and, unless
 `with_tokenizer=False`, a byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json with a
 ChatML chat template; special tokens <|endoftext|> (eos, pad), <|im_start|>, <|im_end|>).
@@ -23,7 +25,7 @@ so a wrongly loaded norm or bias shows up in the logits. Load the HF reference w
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,18 @@ def _write_checkpoint(out_dir: Path, arch: str, seed: int, max_shard_size: str |
     if max_shard_size:
         save_kwargs["max_shard_size"] = max_shard_size
     model.save_pretrained(out_dir, **save_kwargs)
+
+
+@pytest.fixture(scope="module")
+def one_cpu_thread() -> Iterator[None]:
+    """Torch on one CPU thread for a module (`pytestmark = pytest.mark.usefixtures("one_cpu_thread")`):
+    tiny models run far faster on one thread (and do not stall on a busy 2-core machine)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

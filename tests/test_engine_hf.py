@@ -23,13 +23,7 @@ MAX_TOKENS = 40
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_cpu_thread():
-    """Tiny models run far faster on one thread (and do not stall on a busy 2-core machine)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,13 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from nv_engine import LLM, LLMEngine, SamplingParams
 
 PROMPT = [11, 45, 200, 7, 99, 150, 3, 64, 310, 12, 77, 5]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_cpu_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
