@@ -35,11 +35,6 @@ TINY_DEFAULTS = dict(
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
     rms_norm_eps=1e-6, initializer_range=0.1, bos_token_id=None,
 )
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.", "Hello, world! How are you today?",
     "Paged attention stores keys and values in fixed-size blocks.",
@@ -48,19 +43,9 @@ _CORPUS = [
 
 
 def _build_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from nv_engine.random_model import write_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 16, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIAL_TOKENS[1:])
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out_dir)
+    write_tokenizer(out_dir, vocab_size - 16, corpus=_CORPUS)   # 16 ids to spare
 
 
 def _write_checkpoint(out_dir: Path, arch: str, seed: int, max_shard_size: str | None,

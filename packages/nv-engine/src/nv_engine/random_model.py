@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -89,8 +90,9 @@ def random_qwen3_weights(config, dtype: torch.dtype, seed: int = 0, std: float =
     return weights
 
 
-def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    """A byte-level BPE tokenizer of exactly vocab_size ids (ChatML chat template, eos id 0)."""
+def write_tokenizer(out_dir: Path, vocab_size: int, corpus: Sequence[str] = _CORPUS) -> None:
+    """A byte-level BPE tokenizer of exactly vocab_size ids trained on `corpus` (ChatML chat template,
+    eos id 0)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -99,7 +101,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_CORPUS, trainer)
+    tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                    additional_special_tokens=SPECIAL_TOKENS[1:])
     fast.chat_template = CHAT_TEMPLATE
