@@ -95,7 +95,9 @@ def model_part(tmp: Path) -> None:
     rows = [(i, lengths[i] - 1 + s) for s in range(num_decode + 1) for i in range(len(lengths))]
     is_prefill = torch.tensor([s == 0 for s in range(num_decode + 1) for _ in lengths])
 
-    hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").to("cuda", torch.bfloat16).eval()
+    # dtype through from_pretrained keeps HF's rotary inv_freq in fp32; .to(bf16) would round it and make
+    # the fp32 "truth" below share that coarser rope with HF bf16 (this script's first finding, 2026-11-29)
+    hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=torch.bfloat16).to("cuda").eval()
 
     def hf_rows() -> torch.Tensor:  # [R, V] fp32
         with torch.no_grad():

@@ -19,6 +19,7 @@ from nv_kernels import get_backend
 from nv_layers import ForwardContext, forward_context, load_safetensors
 from nv_layers.testing import PagedDriver
 from nv_qwen3 import get_model_class
+from hf_compare import load_hf
 
 TOL = 1e-4
 BLOCK_SIZE = 4
@@ -157,7 +158,7 @@ def test_triton_backend_interpreted_matches_hf(tiny_qwen3_dir: Path) -> None:
 @pytest.mark.gpu
 def test_qwen3_0_6b_shape_bf16_matches_hf_on_gpu(tmp_path: Path) -> None:
     """Random weights at the Qwen3-0.6B shape, bf16, Triton kernels, against HF: our error against an
-    fp32 forward of the same weights stays within twice HF's own bf16 error."""
+    fp32 forward of the same weights stays within 1.25x HF's own bf16 error."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from transformers import Qwen3Config
@@ -194,7 +195,12 @@ def test_qwen3_0_6b_shape_bf16_matches_hf_on_gpu(tmp_path: Path) -> None:
     del driver, model
     torch.cuda.empty_cache()
     ours = torch.stack([row for _, _, row in rows])                          # [R, V]
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").to("cuda", torch.bfloat16).eval()
+    # bf16 through from_pretrained's dtype, not .to(bf16): .to() also rounds the rotary inv_freq buffer
+    # to bf16, and .float() cannot undo that, so HF bf16 and the fp32 "truth" would share a coarser rope
+    # than ours (measured 2026-11-29: ours 0.029 vs HF 0.0137 against that truth; HF's rope in fp32 as
+    # HF intends: equal errors).
+    hf = load_hf(tmp_path, torch.bfloat16, "cuda", attn_implementation="sdpa")
+    assert hf.model.rotary_emb.inv_freq.dtype == torch.float32
 
     def hf_rows() -> torch.Tensor:                                           # [R, V] fp32
         with torch.no_grad():
@@ -206,4 +212,4 @@ def test_qwen3_0_6b_shape_bf16_matches_hf_on_gpu(tmp_path: Path) -> None:
     truth = hf_rows()
     rel_ours = ((ours - truth).norm() / truth.norm()).item()
     rel_hf = ((hf_bf16 - truth).norm() / truth.norm()).item()
-    assert rel_ours < 0.05 and rel_ours <= 2 * rel_hf + 1e-3, (rel_ours, rel_hf)
+    assert rel_ours < 0.05 and rel_ours <= 1.25 * rel_hf + 1e-3, (rel_ours, rel_hf)

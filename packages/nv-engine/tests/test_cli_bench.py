@@ -65,6 +65,7 @@ def test_tiny_nv_bench_end_to_end(tmp_path, monkeypatch, capsys):
     expected = make_workload(6, (8, 40), (4, 24), max_token_id=511)
     assert result["output_tokens"] == expected.output_tokens and result["prompt_tokens"] == expected.prompt_tokens
     assert result["floor_ratio"] > 0
+    assert result["timed_triton_compiles"] == [] and "Triton compiles inside the timed run: 0" in printed
 
 
 def test_help_lists_the_subcommands(capsys):

@@ -19,6 +19,7 @@ from random import randint, seed
 
 import torch
 
+from nv_kernels.jit_watch import TritonCompileWatch
 
 @dataclass
 class Workload:
@@ -173,9 +174,10 @@ def run_bench(args: argparse.Namespace) -> dict:
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=m) for m in work.max_tokens]
     if not args.no_warmup:
         warm_up(llm, args, max_token_id=min(10000, hf.vocab_size - 1))
-    start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
-    wall = time.perf_counter() - start
+    with TritonCompileWatch() as jit:   # any variant compiled here is JIT time inside the figure
+        start = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
+        wall = time.perf_counter() - start
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     itemsize = torch.empty(0, dtype=config.dtype).element_size()
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
@@ -189,7 +191,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         floor_s=floor_seconds, floor_output_tokens_per_s=output_tokens / floor_seconds,
         floor_ratio=floor_seconds / wall, **floor, device=torch.cuda.get_device_name(device)
         if device.type == "cuda" else "cpu", dtype=str(config.dtype), torch=torch.__version__,
-        kv_cache_tokens=llm.llm_engine.num_blocks * config.block_size)
+        kv_cache_tokens=llm.llm_engine.num_blocks * config.block_size, timed_triton_compiles=jit.variants)
     print(f"Throughput: {result['requests_per_s']:.2f} requests/s, {result['total_tokens_per_s']:.2f} "
           f"total tokens/s, {result['output_tokens_per_s']:.2f} output tokens/s")
     print(f"Wall time: {wall:.2f} s for {len(outputs)} requests, {work.prompt_tokens} prompt tokens, "
@@ -200,6 +202,8 @@ def run_bench(args: argparse.Namespace) -> dict:
           f"({result['floor_output_tokens_per_s']:.0f} output tok/s); this run reaches "
           f"{result['floor_ratio']:.1%} of the floor")
     print(f"KV cache: {result['kv_cache_tokens']} tokens; device {result['device']}, {result['dtype']}")
+    print(f"Triton compiles inside the timed run: {len(jit.variants)}"
+          + "".join(f"\n  {v}" for v in jit.variants))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2))
     llm.shutdown()
