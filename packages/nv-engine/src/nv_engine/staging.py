@@ -9,6 +9,8 @@ inputs to the addresses the graph was captured with.
 Two host buffers alternate, and a buffer is reused only after its previous copy has finished (an
 event), so the CPU may fill step N+1's inputs while step N's copy is still queued.
 On CPU the host buffer is the device buffer: no copy at all.
+Every view starts 16-byte aligned: Triton specialises kernels on pointer alignment, so views at
+offsets that depend on the batch would compile new kernel variants mid-run (and lose vector loads).
 """
 from __future__ import annotations
 
@@ -19,7 +21,11 @@ import torch
 class StagingBuffer:
     """Stages arrays of one dtype; `begin()`, then `put*()` returning device views, then `upload()`."""
 
+    MAX_VIEWS = 64  # views per step that the padding for alignment is reserved for
+
     def __init__(self, dtype: torch.dtype, capacity: int, device: torch.device) -> None:
+        self.align = max(1, 16 // torch.empty(0, dtype=dtype).element_size())   # elements per 16 bytes
+        capacity += self.MAX_VIEWS * self.align
         self.device = device
         self.on_cuda = device.type == "cuda"
         num_host = 2 if self.on_cuda else 1
@@ -40,7 +46,7 @@ class StagingBuffer:
         self.offset = 0
 
     def _reserve(self, n: int) -> int:
-        start = self.offset
+        start = -(-self.offset // self.align) * self.align
         if start + n > self.capacity:
             raise AssertionError(f"staging buffer overflow: {start + n} > {self.capacity}")
         self.offset = start + n

@@ -33,9 +33,12 @@ def _mode_from_env() -> str:
 _mode = _mode_from_env()
 
 
-def triton_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """triton.jit when triton imports (the kernel is then interpreted iff TRITON_INTERPRET=1 now)."""
-    return _triton.jit(fn) if _triton is not None else fn
+def triton_jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """triton.jit (bare or with options such as do_not_specialize) when triton imports; the kernel is
+    then interpreted iff TRITON_INTERPRET=1 now. Without triton the function itself."""
+    if fn is None:
+        return lambda f: triton_jit(f, **options)
+    return _triton.jit(fn, **options) if _triton is not None else fn
 
 
 def next_power_of_2(n: int) -> int:

@@ -28,7 +28,7 @@ def _add(a, b):
     return a + b
 
 
-@triton_jit
+@triton_jit(do_not_specialize=["n_rows"])  # varies every step: one compiled variant for all (jit_watch)
 def _rms_norm_kernel(
     X, RES, W, OUT, RES_OUT, n_rows, n_cols, stride_x, stride_r, stride_o, stride_ro, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,

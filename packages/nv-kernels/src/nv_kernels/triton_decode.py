@@ -37,7 +37,7 @@ def _load_kv_tile(cache, table_row, n0, n, n_mask, kv_head, d, d_mask,
     return tl.load(base + offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
 def _decode_split_kernel(
     Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, qk_scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb, stride_ob, stride_oh,

@@ -40,7 +40,7 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"])  # table width varies per step: one variant for all
 def _prefill_kernel(
     Q, K, V, OUT, CU_SEQLENS_Q, SEQ_LENS, BLOCK_TABLES, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,

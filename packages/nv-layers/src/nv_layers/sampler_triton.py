@@ -110,7 +110,7 @@ def _partial_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, positions_ptr,
     tl.store(part_idx_ptr + row * num_chunks + c, idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # the batch size varies per step: one variant for all
 def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_rows, num_chunks, vocab,
                    ROWS: tl.constexpr, CHUNKS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
