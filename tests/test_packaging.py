@@ -1,7 +1,7 @@
 """Each package installs with pip into a fresh venv from its own declared dependencies.
 
 (a) nv-kvcache installs without torch and its tests pass against the installed copy.
-(b) nv-kernels / nv-layers / nv-qwen3 install next to torch (the local CPU wheel torch==2.13.0 on
+(b) nv-kernels / nv-layers / nv-qwen3 / nv-llama install next to torch (the local CPU wheel torch==2.13.0 on
     Python 3.11; elsewhere whatever torch pip picks) and their local sibling packages, then import.
 Slow-ish (pip, measured on a 2-core machine): about 25 s for (a), 20-35 s per package in (b).
 """
@@ -94,7 +94,7 @@ def torch_requirement() -> str:
     return TORCH_PIN if sys.version_info[:2] == (3, 11) else "torch"
 
 
-@pytest.mark.parametrize("package", ["nv-kernels", "nv-layers", "nv-qwen3"])
+@pytest.mark.parametrize("package", ["nv-kernels", "nv-layers", "nv-qwen3", "nv-llama"])
 def test_torch_package_installs_with_its_siblings_and_imports(package, tmp_path):
     python = make_venv(tmp_path / "venv")
     local = [PACKAGES / package, *sibling_packages(package)]
@@ -111,3 +111,7 @@ def test_torch_package_installs_with_its_siblings_and_imports(package, tmp_path)
     assert "site-packages" in location, location
     if torch_req == TORCH_PIN:
         assert torch_version.startswith("2.13.0"), torch_version
+    if package == "nv-llama":  # a model package needs nv-layers, not the other model package
+        other = run([python, "-c", "import importlib.util; print(importlib.util.find_spec('nv_qwen3') is None)"],
+                    cwd=tmp_path)
+        assert other.stdout.split()[-1] == "True", other.stdout + other.stderr

@@ -10,9 +10,10 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen2Config, Qwen3Config
 from transformers import Qwen3ForCausalLM as HFQwen3
 
-import nv_qwen3.model as qwen_model
+import nv_layers.decoder as decoder
 from nv_layers import load_safetensors
-from nv_qwen3 import PACKED_MODULES_MAPPING, Qwen2ForCausalLM, Qwen3ForCausalLM, get_model_class, read_dims
+from nv_layers.decoder_config import read_dims
+from nv_qwen3 import PACKED_MODULES_MAPPING, Qwen2ForCausalLM, Qwen3ForCausalLM, get_model_class
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64)
@@ -64,7 +65,7 @@ def test_rope_scaling_reaches_the_rotary_table() -> None:
                                                (4, 8, 3, "num_key_value_heads"),
                                                (5, 5, 5, "intermediate_size")])
 def test_tp_divisibility_errors(monkeypatch: pytest.MonkeyPatch, tp: int, heads: int, kv: int, match: str) -> None:
-    monkeypatch.setattr(qwen_model, "get_tp_size", lambda: tp)
+    monkeypatch.setattr(decoder, "get_tp_size", lambda: tp)
     cfg = Qwen3Config(**{**TINY, "num_attention_heads": heads, "num_key_value_heads": kv}, head_dim=8)
     with pytest.raises(ValueError, match=match):
         Qwen3ForCausalLM(cfg)

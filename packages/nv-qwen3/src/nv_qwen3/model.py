@@ -1,172 +1,30 @@
-"""Qwen3 and Qwen2 causal LMs on nv-layers (layout after HF's modeling_qwen3 / nano-vllm's qwen3).
+"""Qwen3 and Qwen2 causal LMs: nv_layers' shared decoder with their layer options.
 
-Qwen3: per-head RMSNorm on q and k, qkv/o bias = config.attention_bias. Qwen2: qkv bias, no o bias,
-no q/k norm. Both: GQA, SwiGLU MLP, tied or untied embeddings.
+Qwen3: per-head RMSNorm on q and k, qkv/o bias = config.attention_bias. Qwen2 / Qwen2.5: qkv bias, no o
+bias, no q/k norm. Both: GQA, SwiGLU MLP, tied or untied embeddings.
 """
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import nn
-
-from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
-from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
-from nv_layers.activation import SiluAndMul
-from nv_layers.attention import Attention
-from nv_layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from nv_layers.forward_context import get_forward_context
-from nv_layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nv_layers.norm import RMSNorm
-from nv_layers.parallel_state import get_tp_size
-from nv_layers.rotary import get_rope
-from nv_qwen3.config import QwenDims, check_tp, read_dims
-
-PACKED_MODULES_MAPPING: dict[str, tuple[str, Any]] = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+from nv_layers.decoder import PACKED_MODULES_MAPPING, DecoderForCausalLM, LayerOptions
 
 
-class QwenAttention(nn.Module):
-    def __init__(self, dims: QwenDims, qk_norm: bool, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__()
-        self.qkv_proj = QKVParallelLinear(dims.hidden_size, dims.head_dim, dims.num_heads,
-                                          dims.num_kv_heads, bias=qkv_bias)
-        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.head_dim = dims.head_dim
-        self.o_proj = RowParallelLinear(dims.num_heads * dims.head_dim, dims.hidden_size, bias=o_bias)
-        rotary_dim = int(dims.head_dim * dims.rope.partial_rotary_factor)
-        self.rotary_emb = get_rope(dims.head_dim, rotary_dim, dims.max_position, dims.rope.base,
-                                   dims.rope.scaling)
-        self.attn = Attention(self.num_heads, dims.head_dim, dims.head_dim ** -0.5, self.num_kv_heads)
-        self.qk_norm = qk_norm
-        if qk_norm:
-            self.q_norm = RMSNorm(dims.head_dim, eps=dims.rms_norm_eps)
-            self.k_norm = RMSNorm(dims.head_dim, eps=dims.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden [T, H] -> [T, H]
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)                                            # [T, (Hq + 2 Hkv) * D]
-        if self._can_fuse(qkv):
-            return self.o_proj(self._fused_attention(positions, qkv))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)               # [T, Hq, D]
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)            # [T, Hkv, D]
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.contiguous())
-        return self.o_proj(out)
-
-    def _can_fuse(self, qkv: torch.Tensor) -> bool:
-        if not fused_ops_enabled(qkv) or qkv.dtype not in FLOAT_DTYPES:
-            return False
-        return not self.qk_norm or self.q_norm.weight.dtype == self.k_norm.weight.dtype == qkv.dtype
-
-    def _fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        """CUDA: q/k norm, rotary and the KV-cache store in one kernel (nv_kernels.fused_rope)."""
-        num_tokens = qkv.shape[0]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # strided views
-        kwargs: dict[str, Any] = {}
-        if self.qk_norm:
-            kwargs.update(q_weight=self.q_norm.weight, k_weight=self.k_norm.weight, eps=self.q_norm.eps)
-        attn = self.attn
-        store = can_store_into(attn.k_cache, attn.v_cache, self.num_kv_heads, self.head_dim)
-        if store:
-            kwargs.update(k_cache=attn.k_cache, v_cache=attn.v_cache,
-                          slot_mapping=get_forward_context().slot_mapping)
-        q, k, v = qk_norm_rope_triton(q, k, v, positions, self.rotary_emb.cos_sin_cache, head_dim=self.head_dim,
-                                      rotary_dim=self.rotary_emb.rotary_dim, **kwargs)   # [T, H, D] each
-        return attn(q.view(num_tokens, -1), k.view(num_tokens, -1), v.view(num_tokens, -1), kv_stored=store)
-
-
-class QwenMLP(nn.Module):
-    def __init__(self, dims: QwenDims) -> None:
-        super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(dims.hidden_size, [dims.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(dims.intermediate_size, dims.hidden_size)
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
-
-
-class QwenDecoderLayer(nn.Module):
-    def __init__(self, dims: QwenDims, qk_norm: bool, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__()
-        self.self_attn = QwenAttention(dims, qk_norm, qkv_bias, o_bias)
-        self.mlp = QwenMLP(dims)
-        self.input_layernorm = RMSNorm(dims.hidden_size, eps=dims.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(dims.hidden_size, eps=dims.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
-
-
-class QwenModel(nn.Module):
-    def __init__(self, dims: QwenDims, qk_norm: bool, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(dims.vocab_size, dims.hidden_size)
-        self.layers = nn.ModuleList(QwenDecoderLayer(dims, qk_norm, qkv_bias, o_bias)
-                                    for _ in range(dims.num_layers))
-        self.norm = RMSNorm(dims.hidden_size, eps=dims.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None                # [T, H]
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
-
-class Qwen3ForCausalLM(nn.Module):
+class Qwen3ForCausalLM(DecoderForCausalLM):
     """Qwen3 causal LM. forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits -> [S, V]."""
 
-    packed_modules_mapping = PACKED_MODULES_MAPPING
-    qk_norm = True
-
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.config = config
-        dims = read_dims(config)
-        check_tp(dims, get_tp_size())
-        self.dims = dims
-        self.model = QwenModel(dims, self.qk_norm, *self._biases(config))
-        self.lm_head = ParallelLMHead(dims.vocab_size, dims.hidden_size)
-        if dims.tie_word_embeddings:
-            self.lm_head.tie_to(self.model.embed_tokens)
-
-    @staticmethod
-    def _biases(config: Any) -> tuple[bool, bool]:
+    @classmethod
+    def layer_options(cls, config: Any) -> LayerOptions:
         bias = bool(getattr(config, "attention_bias", False))
-        return bias, bias                                               # (qkv, o)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [S, V]; inside the step's forward context only ctx.logits_indices rows are kept."""
-        return self.lm_head(hidden)
+        return LayerOptions(qk_norm=True, qkv_bias=bias, o_bias=bias)
 
 
-class Qwen2ForCausalLM(Qwen3ForCausalLM):
+class Qwen2ForCausalLM(DecoderForCausalLM):
     """Qwen2 / Qwen2.5: q/k/v bias, no o_proj bias, no q/k norm."""
 
-    qk_norm = False
+    @classmethod
+    def layer_options(cls, config: Any) -> LayerOptions:
+        return LayerOptions(qkv_bias=True)
 
-    @staticmethod
-    def _biases(config: Any) -> tuple[bool, bool]:
-        return True, False
+
+__all__ = ["PACKED_MODULES_MAPPING", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]

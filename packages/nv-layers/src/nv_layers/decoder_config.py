@@ -1,4 +1,4 @@
-"""Read the fields the Qwen models need from a transformers config (4.5x and 5.x attribute names)."""
+"""The shape of a pre-norm GQA decoder (Qwen2/3, Llama) read from a transformers config (4.5x and 5.x names)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,7 @@ from nv_layers.rotary import RopeConfig, rope_config_from_hf
 
 
 @dataclass(frozen=True)
-class QwenDims:
+class DecoderDims:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -29,8 +29,8 @@ def _required(config: Any, name: str) -> Any:
     return value
 
 
-def read_dims(config: Any) -> QwenDims:
-    """QwenDims from an HF config; ValueError for settings these models do not support."""
+def read_dims(config: Any) -> DecoderDims:
+    """DecoderDims from an HF config; ValueError for settings the decoder does not support."""
     if getattr(config, "use_sliding_window", False):
         raise ValueError("sliding-window attention (use_sliding_window=True) is not supported")
     act = getattr(config, "hidden_act", "silu")
@@ -38,7 +38,7 @@ def read_dims(config: Any) -> QwenDims:
         raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
     num_heads = _required(config, "num_attention_heads")
     hidden = _required(config, "hidden_size")
-    return QwenDims(
+    return DecoderDims(
         vocab_size=_required(config, "vocab_size"),
         hidden_size=hidden,
         intermediate_size=_required(config, "intermediate_size"),
@@ -53,7 +53,7 @@ def read_dims(config: Any) -> QwenDims:
     )
 
 
-def check_tp(dims: QwenDims, tp_size: int) -> None:
+def check_tp(dims: DecoderDims, tp_size: int) -> None:
     """ValueError when the head counts or MLP width cannot be split over tp_size ranks."""
     if dims.num_heads % tp_size != 0:
         raise ValueError(f"num_attention_heads ({dims.num_heads}) is not divisible by the "
