@@ -86,7 +86,7 @@ def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl
 
 # Only builtins and our own jit helpers inside the kernels: triton.language's @jit helpers
 # (tl.zeros, tl.max, ...) cannot run under TRITON_INTERPRET=1 once triton was imported without it.
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])  # 8..64 by batch size: one variant for all
 def _partial_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, positions_ptr, part_val_ptr,
                     part_idx_ptr, vocab, chunk, num_chunks, ALL_GREEDY: tl.constexpr,
                     SCALE: tl.constexpr, BLOCK: tl.constexpr):
@@ -110,7 +110,7 @@ def _partial_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, positions_ptr,
     tl.store(part_idx_ptr + row * num_chunks + c, idx)
 
 
-@triton.jit(do_not_specialize=["num_rows"])  # the batch size varies per step: one variant for all
+@triton.jit(do_not_specialize=["num_rows", "num_chunks"])  # vary with the batch: one variant for all
 def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_rows, num_chunks, vocab,
                    ROWS: tl.constexpr, CHUNKS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
@@ -124,9 +124,12 @@ def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_rows, num_chunks, vo
     tl.store(out_ptr + rows, first.to(tl.int64), mask=rows < num_rows)
 
 
+MAX_DEFAULT_CHUNKS = 64  # also the reduce kernel's CHUNKS: one compiled variant for every batch size
+
+
 def default_num_chunks(num_rows: int, vocab: int, block: int) -> int:
     """Programs per row: about 4,096 programs in all (8-64 per row), at most one per block."""
-    wanted = min(64, max(8, triton.cdiv(4096, max(num_rows, 1))))
+    wanted = min(MAX_DEFAULT_CHUNKS, max(8, triton.cdiv(4096, max(num_rows, 1))))
     return max(1, min(wanted, triton.cdiv(vocab, block)))
 
 
@@ -162,5 +165,5 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     rows_per_program = 16
     _reduce_kernel[(triton.cdiv(num_rows, rows_per_program),)](
         part_val, part_idx, out, num_rows, chunks, vocab, ROWS=rows_per_program,
-        CHUNKS=max(2, triton.next_power_of_2(chunks)), num_warps=4)
+        CHUNKS=max(MAX_DEFAULT_CHUNKS, triton.next_power_of_2(chunks)), num_warps=4)
     return out
