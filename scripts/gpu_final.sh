@@ -3,13 +3,7 @@
 # (falls back to NV_FUSED_OPS=off if the fused path fails), GPU tests of the newest kernels, the
 # decode-step profile and throughput sweeps (PNG), the server load test, the block-size-64 benchmark.
 # Needs the serve wheels carried in .whl/serve (see scripts/load_test.py). Logs go to $OUT.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-LOG=${OUT:-$ROOT/out}
-mkdir -p "$LOG"
-export PYTHONPATH="$(ls -d "$ROOT"/packages/*/src | tr '\n' ':')$ROOT/tests:${PYTHONPATH:-}"
-export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/nv-cache} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 step() { echo "== $1 ($(date +%T))"; }
 bench() {  # bench NAME ARGS...
   local name=$1; shift

@@ -5,13 +5,7 @@
 # accelerate in .whl/gguf, and the 98 MB GGUF in two git-ignored parts (.whl/smol/part-aa, part-ab;
 # `split -b 50000000`, plus .whl/smol/SHA256) carried by two back-to-back calls to a warm machine
 # (ignored files stay there between calls); this script, in the second call, puts them together.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-LOG=${OUT:-$ROOT/out}
-mkdir -p "$LOG"
-export PYTHONPATH="$(ls -d "$ROOT"/packages/*/src | tr '\n' ':')$ROOT/tests:${PYTHONPATH:-}"
-export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/nv-cache} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 python3 -m pip install -q --no-deps --no-index .whl/gguf/*.whl 2>&1 | tail -2
 mkdir -p /tmp/smol
 GGUF=/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nv_kernels import get_backend
-from nv_layers import ForwardContext, forward_context, load_safetensors
-from nv_layers.testing import PagedDriver
+from nv_layers import forward_context, load_safetensors
+from nv_layers.testing import PagedDriver, cacheless_prefill_context
 from nv_qwen3 import get_model_class
 from hf_compare import load_hf
 
@@ -111,11 +111,7 @@ def test_profiling_path_without_cache_matches_hf(tiny_qwen3_dir: Path) -> None:
     seqs = prompts(4, [6, 11])
     ids = torch.tensor(seqs[0] + seqs[1])
     positions = torch.tensor(list(range(6)) + list(range(11)))
-    ctx = ForwardContext(is_decode=False, slot_mapping=torch.full((17,), -1), seq_lens=torch.tensor([6, 11]),
-                         block_tables=torch.zeros(2, 1, dtype=torch.int32),
-                         cu_seqlens_q=torch.tensor([0, 6, 17], dtype=torch.int32), max_seqlen_q=11,
-                         max_seqlen_k=11, logits_indices=None, backend=get_backend("torch"))
-    with torch.no_grad(), forward_context(ctx):
+    with torch.no_grad(), forward_context(cacheless_prefill_context([6, 11], get_backend("torch"))):
         logits = model.compute_logits(model(ids, positions))
     refs = hf_logits(tiny_qwen3_dir, seqs)
     assert (logits[:6] - refs[0]).abs().max() < TOL

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 import nv_layers.decoder as decoder
 from nv_kernels import get_backend
-from nv_layers import ForwardContext, forward_context
+from nv_layers import forward_context
 from nv_layers.decoder import DecoderForCausalLM, LayerOptions
+from nv_layers.testing import cacheless_prefill_context
 
 CONFIG = dict(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=4, rms_norm_eps=1e-6, max_position_embeddings=32, rope_theta=10000.0,
@@ -88,11 +89,7 @@ def test_forward_equals_a_plain_torch_decoder() -> None:
         for p in model.parameters():
             p.normal_(0.0, 0.3)
     ids = torch.randint(0, 40, (7,))
-    ctx = ForwardContext(is_decode=False, slot_mapping=torch.full((7,), -1), seq_lens=torch.tensor([7]),
-                         block_tables=torch.zeros(1, 1, dtype=torch.int32),
-                         cu_seqlens_q=torch.tensor([0, 7], dtype=torch.int32), max_seqlen_q=7, max_seqlen_k=7,
-                         logits_indices=None, backend=get_backend("torch"))
-    with torch.no_grad(), forward_context(ctx):
+    with torch.no_grad(), forward_context(cacheless_prefill_context([7], get_backend("torch"))):
         logits = model.compute_logits(model(ids, torch.arange(7)))
         expected = reference_forward(model, ids)
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)

@@ -11,7 +11,8 @@ from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HFLlama
 
 from nv_kernels import get_backend
-from nv_layers import ForwardContext, forward_context, load_safetensors
+from nv_layers import forward_context, load_safetensors
+from nv_layers.testing import cacheless_prefill_context
 from nv_llama import LlamaForCausalLM
 
 
@@ -35,11 +36,7 @@ def test_prefill_logits_match_hf(tmp_path, overrides) -> None:
     model = LlamaForCausalLM(config).eval()
     load_safetensors(model, tmp_path)
     ids = torch.randint(0, 128, (9,))
-    ctx = ForwardContext(is_decode=False, slot_mapping=torch.full((9,), -1), seq_lens=torch.tensor([9]),
-                         block_tables=torch.zeros(1, 1, dtype=torch.int32),
-                         cu_seqlens_q=torch.tensor([0, 9], dtype=torch.int32), max_seqlen_q=9, max_seqlen_k=9,
-                         logits_indices=None, backend=get_backend("torch"))
-    with torch.no_grad(), forward_context(ctx):
+    with torch.no_grad(), forward_context(cacheless_prefill_context([9], get_backend("torch"))):
         logits = model.compute_logits(model(ids, torch.arange(9)))
         expected = hf(ids[None]).logits[0]
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)

@@ -93,3 +93,15 @@ class PagedDriver:
         for seq_id, n in chunks:
             self.seqs[seq_id].computed += n
         return logits
+
+
+def cacheless_prefill_context(seq_lens: list[int], backend) -> ForwardContext:
+    """A prefill of whole sequences (their tokens back to back) with no KV cache: attention is causal
+    within each sequence only, as in the engine's memory-profiling run. Logits for every token."""
+    cu = [0]
+    for n in seq_lens:
+        cu.append(cu[-1] + n)
+    return ForwardContext(is_decode=False, slot_mapping=torch.full((cu[-1],), -1), seq_lens=torch.tensor(seq_lens),
+                          block_tables=torch.zeros(len(seq_lens), 1, dtype=torch.int32),
+                          cu_seqlens_q=torch.tensor(cu, dtype=torch.int32), max_seqlen_q=max(seq_lens),
+                          max_seqlen_k=max(seq_lens), logits_indices=None, backend=backend)
