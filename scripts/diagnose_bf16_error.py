@@ -25,7 +25,8 @@ from nv_kernels.fused_dispatch import fused_ops
 from nv_kernels.testing import dense_causal_attention, random_paged_batch
 from nv_kernels.triton_decode import decode_attention
 from nv_kernels.triton_prefill import prefill_attention
-from nv_layers import load_safetensors
+from nv_engine.random_model import SHAPES
+from nv_layers.loader import build_model
 from nv_layers.testing import PagedDriver
 from nv_qwen3 import get_model_class
 
@@ -82,10 +83,7 @@ def model_part(tmp: Path) -> None:
     from transformers import Qwen3ForCausalLM as HFQwen3
 
     print("== B. whole model: logits relative error vs HF fp32 (all rows / prefill / decode) ==")
-    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                         max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True,
-                         rms_norm_eps=1e-6)
+    config = Qwen3Config(**SHAPES["qwen3-0.6b"])
     torch.manual_seed(0)
     HFQwen3(config).to(torch.bfloat16).save_pretrained(tmp)
     saved = AutoConfig.from_pretrained(tmp)
@@ -122,14 +120,7 @@ def model_part(tmp: Path) -> None:
 
     print(f"  {'HF bf16 (sdpa)':<40} {rel(hf_bf16)}")
     print(f"  {'HF bf16, no bf16 split-K reduce':<40} {rel(hf_bf16_no_reduced)}")
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = get_model_class(saved)(saved).eval()
-    finally:
-        torch.set_default_dtype(previous)
-    load_safetensors(model, tmp)
+    model = build_model(get_model_class(saved), saved, tmp, dtype=torch.bfloat16, device="cuda")
 
     def ours(backend: str) -> torch.Tensor:
         driver = PagedDriver(model, num_blocks=256, block_size=16, backend=get_backend(backend, "cuda"),

@@ -16,7 +16,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nv_kernels import get_backend
-from nv_layers import forward_context, load_safetensors
+from nv_layers import forward_context
+from nv_layers.loader import build_model
 from nv_layers.testing import PagedDriver, cacheless_prefill_context
 from nv_qwen3 import get_model_class
 from hf_compare import load_hf
@@ -25,11 +26,10 @@ TOL = 1e-4
 BLOCK_SIZE = 4
 
 
-def load_nv(path: Path) -> torch.nn.Module:
+def load_nv(path: Path, **placement) -> torch.nn.Module:
+    """nv's model for the checkpoint at `path` (placement: build_model's dtype / device)."""
     config = AutoConfig.from_pretrained(path)
-    model = get_model_class(config)(config).eval()
-    load_safetensors(model, path)
-    return model
+    return build_model(get_model_class(config), config, path, **placement)
 
 
 def hf_logits(path: Path, token_lists: list[list[int]]) -> list[torch.Tensor]:
@@ -160,20 +160,12 @@ def test_qwen3_0_6b_shape_bf16_matches_hf_on_gpu(tmp_path: Path) -> None:
     from transformers import Qwen3Config
     from transformers import Qwen3ForCausalLM as HFQwen3
 
-    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                         rope_theta=1e6, tie_word_embeddings=True, rms_norm_eps=1e-6)
+    from nv_engine.random_model import SHAPES
+
+    config = Qwen3Config(**SHAPES["qwen3-0.6b"])
     torch.manual_seed(0)
     HFQwen3(config).to(torch.bfloat16).save_pretrained(tmp_path)
-    saved_config = AutoConfig.from_pretrained(tmp_path)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = get_model_class(saved_config)(saved_config).eval()
-    finally:
-        torch.set_default_dtype(previous)
-    load_safetensors(model, tmp_path)
+    model = load_nv(tmp_path, dtype=torch.bfloat16, device="cuda")
     driver = PagedDriver(model, num_blocks=256, block_size=16, backend=get_backend("triton", "cuda"),
                          dtype=torch.bfloat16, device="cuda")
     seqs = prompts(5, [1, 37, 300, 1025], vocab=config.vocab_size)

@@ -8,10 +8,8 @@ does both; an engine that overlaps steps can call launch for step N+1 before col
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -25,16 +23,6 @@ from nv_engine.runner_io import ResultCopier, sampling_tensors
 from nv_engine.staging import StagingBuffer
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def runner_device(config: EngineConfig, rank: int) -> torch.device:
@@ -83,13 +71,10 @@ class ModelRunner:
 
     # ---- construction ------------------------------------------------------------------------
     def _build_model(self) -> nn.Module:
-        from nv_layers.loader import load_safetensors
+        from nv_layers.loader import build_model
 
-        cls = get_model_class(self.config.hf_config)
-        with default_dtype(self.config.dtype), torch.device(self.device):
-            model = cls(self.config.hf_config)
-        load_safetensors(model, self.config.model)
-        return model.eval()
+        return build_model(get_model_class(self.config.hf_config), self.config.hf_config, self.config.model,
+                           dtype=self.config.dtype, device=self.device)
 
     def kv_block_bytes(self) -> int:
         itemsize = torch.empty(0, dtype=self.config.dtype).element_size()

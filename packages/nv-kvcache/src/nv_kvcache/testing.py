@@ -11,6 +11,12 @@ from nv_kvcache.scheduler_output import SchedulerOutput
 from nv_kvcache.sequence import FinishReason, Sequence, SequenceStatus, StopRules
 
 
+def _require(condition: bool, detail: object) -> None:
+    """An explicit check (not `assert`: these checks must also run under python -O)."""
+    if not condition:
+        raise AssertionError(detail)
+
+
 class FakeModel:
     """next token = f(all previous tokens): the same history always gives the same token, so a
     preempted and recomputed sequence must end with exactly the tokens of an undisturbed run."""
@@ -33,18 +39,20 @@ def check_scheduled(scheduler: Scheduler, out: SchedulerOutput) -> None:
     seen = set()
     for entry in out.scheduled:
         seq = entry.seq
-        assert seq.seq_id not in seen, f"sequence {seq.seq_id} scheduled twice"
+        _require(seq.seq_id not in seen, f"sequence {seq.seq_id} scheduled twice")
         seen.add(seq.seq_id)
-        assert seq.status is SequenceStatus.RUNNING, seq
-        assert entry.num_new_tokens >= 1, entry
+        _require(seq.status is SequenceStatus.RUNNING, seq)
+        _require(entry.num_new_tokens >= 1, entry)
         end = seq.num_computed_tokens + entry.num_new_tokens
-        assert end <= seq.num_tokens, f"entry past the sequence: {entry}"
-        assert end <= len(seq.block_table) * bs, f"entry past its blocks: {entry}"
-        assert entry.samples == (end == seq.num_tokens), entry
-    assert out.num_batched_tokens == sum(e.num_new_tokens for e in out.scheduled)
-    assert out.num_batched_tokens <= scheduler.max_num_batched_tokens
+        _require(end <= seq.num_tokens, f"entry past the sequence: {entry}")
+        _require(end <= len(seq.block_table) * bs, f"entry past its blocks: {entry}")
+        _require(entry.samples == (end == seq.num_tokens), entry)
+    _require(out.num_batched_tokens == sum(e.num_new_tokens for e in out.scheduled),
+             f"num_batched_tokens {out.num_batched_tokens} is not the sum of the entries")
+    _require(out.num_batched_tokens <= scheduler.max_num_batched_tokens,
+             f"{out.num_batched_tokens} tokens over the budget {scheduler.max_num_batched_tokens}")
     for seq in out.preempted:
-        assert seq.seq_id not in seen and seq.status is SequenceStatus.WAITING, seq
+        _require(seq.seq_id not in seen and seq.status is SequenceStatus.WAITING, seq)
 
 
 def run_to_completion(scheduler: Scheduler, model: FakeModel, max_steps: int = 100_000,
@@ -83,34 +91,35 @@ def check_invariants(scheduler: Scheduler) -> None:
     bm = scheduler.block_manager
     running, waiting = scheduler.running, list(scheduler.waiting)
     free = bm.free_block_ids()
-    assert len(free) == len(set(free)), "a block is twice in the free queue"
+    _require(len(free) == len(set(free)), "a block is twice in the free queue")
     holders: Counter[int] = Counter()
     bs = bm.block_size
     for seq in running:
-        assert seq.status is SequenceStatus.RUNNING, seq
+        _require(seq.status is SequenceStatus.RUNNING, seq)
         for i, block_id in enumerate(seq.block_table):   # only full, computed blocks carry a hash
             if bm.block_hash(block_id) is not None:
-                assert (i + 1) * bs <= seq.num_computed_tokens, f"block {i} hashed too early: {seq}"
-                assert bm._tokens[block_id] == seq.token_ids[i * bs:(i + 1) * bs], seq
-        assert len(set(seq.block_table)) == len(seq.block_table), f"block twice in one table: {seq}"
-        assert len(seq.block_table) * bm.block_size >= seq.num_computed_tokens, seq
-        assert seq.num_computed_tokens < seq.num_tokens or seq.num_tokens == 0, seq
+                _require((i + 1) * bs <= seq.num_computed_tokens, f"block {i} hashed too early: {seq}")
+                _require(bm._tokens[block_id] == seq.token_ids[i * bs:(i + 1) * bs], seq)
+        _require(len(set(seq.block_table)) == len(seq.block_table), f"block twice in one table: {seq}")
+        _require(len(seq.block_table) * bm.block_size >= seq.num_computed_tokens, seq)
+        _require(seq.num_computed_tokens < seq.num_tokens or seq.num_tokens == 0, seq)
         holders.update(seq.block_table)
     for seq in waiting:
-        assert seq.status is SequenceStatus.WAITING, seq
-        assert not seq.block_table and seq.num_computed_tokens == 0, seq
+        _require(seq.status is SequenceStatus.WAITING, seq)
+        _require(not seq.block_table and seq.num_computed_tokens == 0, seq)
     for seq in running + waiting:
-        assert seq.token_ids == seq.prompt_token_ids + seq.output_token_ids, seq
+        _require(seq.token_ids == seq.prompt_token_ids + seq.output_token_ids, seq)
     ids = [s.seq_id for s in running + waiting]
-    assert len(ids) == len(set(ids)), "a sequence is queued twice"
-    assert set(ids) == set(scheduler._seqs), "queues and the id table disagree"
-    assert len(running) <= scheduler.max_num_seqs
+    _require(len(ids) == len(set(ids)), "a sequence is queued twice")
+    _require(set(ids) == set(scheduler._seqs), "queues and the id table disagree")
+    _require(len(running) <= scheduler.max_num_seqs, f"{len(running)} running > max_num_seqs")
     for block_id in range(bm.num_blocks):
-        assert bm.ref_count(block_id) == holders[block_id], (
-            f"block {block_id}: ref count {bm.ref_count(block_id)}, held by {holders[block_id]}")
+        _require(bm.ref_count(block_id) == holders[block_id],
+                 f"block {block_id}: ref count {bm.ref_count(block_id)}, held by {holders[block_id]}")
     free_set = set(free)
-    assert free_set == {b for b in range(bm.num_blocks) if bm.ref_count(b) == 0}
-    assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
-    assert bm.num_used_blocks == len(holders)
+    _require(free_set == {b for b in range(bm.num_blocks) if bm.ref_count(b) == 0},
+             "the free queue is not exactly the blocks with ref count 0")
+    _require(bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks, "free + used != num_blocks")
+    _require(bm.num_used_blocks == len(holders), "used blocks != blocks held by sequences")
     for block_hash, block_id in bm._hash_to_block.items():
-        assert bm.block_hash(block_id) == block_hash, f"hash table points at the wrong block {block_id}"
+        _require(bm.block_hash(block_id) == block_hash, f"hash table points at the wrong block {block_id}")

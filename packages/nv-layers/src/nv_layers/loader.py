@@ -6,8 +6,10 @@ nv_layers read only this rank's shard from disk (lazy safetensors slices).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -112,3 +114,26 @@ def load_safetensors(model: nn.Module, path: str | Path) -> None:
                         loader(param, weight)
                     else:
                         loader(param, weight, shard_id)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to `dtype` inside the block (parameters are then created in it)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model(model_cls: type[nn.Module], config: Any, path: str | Path, *, dtype: torch.dtype | None = None,
+                device: str | torch.device | None = None) -> nn.Module:
+    """model_cls(config) created directly in `dtype` on `device` (default: torch's), then
+    load_safetensors(path); returned in eval mode."""
+    place = contextlib.nullcontext() if device is None else torch.device(device)
+    with default_dtype(dtype or torch.get_default_dtype()), place:
+        model = model_cls(config)
+    load_safetensors(model, path)
+    return model.eval()
+

@@ -22,8 +22,9 @@ import triton.language as tl
 from nv_layers import sampler as _ref
 
 # Literals below 2**31 stay int32 in Triton; the salts are in [2**31, 2**32): uint32 literals.
-assert _ref._MUL1 < 2**31 and _ref._MUL2 < 2**31
-assert 2**31 <= _ref._SEED_SALT < 2**32 and 2**31 <= _ref._TOKEN_SALT < 2**32
+if not (_ref._MUL1 < 2**31 and _ref._MUL2 < 2**31
+        and 2**31 <= _ref._SEED_SALT < 2**32 and 2**31 <= _ref._TOKEN_SALT < 2**32):
+    raise ImportError("nv_layers.sampler's hash constants left the ranges this kernel's literals assume")
 
 
 @triton.jit

@@ -12,15 +12,13 @@ from __future__ import annotations
 import datetime
 import os
 import traceback
-import weakref
 from typing import Any
 
 import torch.distributed as dist
 
-from nv_engine.executor.base import Executor, register_in_process_runner
 from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, backend_for, destroy_group,
                                             keep_nvls_off, resolve_runner_cls, set_cuda_device)
-from nv_engine.executor.uniproc import _close_runner
+from nv_engine.executor.uniproc import InProcessExecutor, _close_runner
 
 
 def _close(holder: list, owns_group: bool) -> None:
@@ -29,7 +27,7 @@ def _close(holder: list, owns_group: bool) -> None:
         destroy_group()
 
 
-class TorchrunExecutor(Executor):
+class TorchrunExecutor(InProcessExecutor):
     def __init__(self, config: Any, runner_cls: Any = None, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         try:
@@ -54,16 +52,7 @@ class TorchrunExecutor(Executor):
         elif dist.get_world_size() != world_size or dist.get_rank() != rank:
             raise ValueError("torch.distributed is initialised with a different rank / world size "
                              "than RANK / WORLD_SIZE")
-        runner = cls(config, rank)
-        register_in_process_runner(+1)
-        self._holder = [runner]
-        self._finalizer = weakref.finalize(self, _close, self._holder, owns_group)
-
-    @property
-    def runner(self) -> Any:
-        if not self._holder:
-            raise RuntimeError("executor is shut down")
-        return self._holder[0]
+        self._hold(cls(config, rank), _close, owns_group)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run locally, then share outcomes: every rank returns rank 0's result (the runner
@@ -83,6 +72,3 @@ class TorchrunExecutor(Executor):
             rank, tb = failed[0]
             raise RuntimeError(f"rank {rank} raised in {method}():\n{tb}")
         return outcomes[0][1]
-
-    def shutdown(self) -> None:
-        self._finalizer()

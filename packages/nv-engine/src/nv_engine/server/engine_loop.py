@@ -111,7 +111,8 @@ class AsyncEngine:
         values) propagates, and then none of them stays in the engine."""
         if not self.is_alive:
             raise APIError("The engine is not running.", status=503)
-        assert self._loop is not None
+        if self._loop is None:  # is_alive implies a loop; kept explicit for the type checker and -O
+            raise APIError("The engine is not running.", status=503)
         out_queue: asyncio.Queue = asyncio.Queue()
         accepted = []
         for request_id, prompt, params in requests:
