@@ -24,7 +24,7 @@ echo "== GPU tests =="
 tests_rc=${PIPESTATUS[0]}
 
 echo "== nv bench =="
-"$PYTHON" -m nv_engine.cli --log-level INFO bench --random-weights --shape qwen3-0.6b \
+"$PYTHON" -m nv_engine.entrypoints.cli --log-level INFO bench --random-weights --shape qwen3-0.6b \
   --json "$LOG_DIR/bench.json" "$@" 2>&1 | tee "$LOG_DIR/bench.log"
 bench_rc=${PIPESTATUS[0]}
 

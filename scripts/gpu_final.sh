@@ -7,7 +7,7 @@ source "$(dirname "$0")/gpu_env.sh"
 step() { echo "== $1 ($(date +%T))"; }
 bench() {  # bench NAME ARGS...
   local name=$1; shift
-  timeout 150 python3 -m nv_engine.cli bench --random-weights --shape qwen3-0.6b --json "$LOG/bench_$name.json" "$@" \
+  timeout 150 python3 -m nv_engine.entrypoints.cli bench --random-weights --shape qwen3-0.6b --json "$LOG/bench_$name.json" "$@" \
     > "$LOG/bench_$name.log" 2>&1
   local rc=$?
   grep -E "Throughput|Wall|Floor|KV cache|Error|error" "$LOG/bench_$name.log" | tail -8

@@ -15,6 +15,6 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$LOG_DIR/tp_env.log
 python3 -m torch.distributed.run --nproc-per-node 2 scripts/allreduce_bench.py --hidden 4096 --layers 36 2>&1 \
   | grep -v Warning | tee "$LOG_DIR/allreduce.log"
 for tp in 1 2; do
-  python3 -m nv_engine.cli bench --random-weights --shape qwen3-8b --tensor-parallel-size $tp \
+  python3 -m nv_engine.entrypoints.cli bench --random-weights --shape qwen3-8b --tensor-parallel-size $tp \
     --json "$LOG_DIR/bench_8b_tp$tp.json" "$@" 2>&1 | tee "$LOG_DIR/bench_8b_tp$tp.log"
 done

@@ -9,7 +9,7 @@ throughput. Client: stdlib asyncio only (HTTP/1.1 + SSE), so it runs where httpx
   python scripts/load_test.py --model /path/to/dir -- --dtype bfloat16
   python scripts/load_test.py --random-weights --shape qwen3-0.6b --num-requests 256 --concurrency 64
 
-Arguments after `--` go to the server (`python -m nv_engine.server MODEL ...`).
+Arguments after `--` go to the server (`python -m nv_engine.entrypoints.server MODEL ...`).
 Workload (like ../shared/BENCHMARK.md, smaller outputs by default): random prompt token ids in
 [0, 10000), lengths uniform in --input-len, max_tokens uniform in --output-len, ignore_eos,
 temperature 0.6; seeded, so runs are comparable.
@@ -246,7 +246,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float) -> No
 
 def start_server(model: str, args: argparse.Namespace, server_args: list[str]) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "nv_engine.server", model, "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "nv_engine.entrypoints.server", model, "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", args.served_model_name, "--uvicorn-log-level", "warning", *server_args]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
@@ -273,7 +273,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
-    src.add_argument("--model", help="model dir: start `python -m nv_engine.server` on it")
+    src.add_argument("--model", help="model dir: start `python -m nv_engine.entrypoints.server` on it")
     src.add_argument("--random-weights", action="store_true",
                      help="write a random-weight checkpoint of --shape (with a tokenizer) and serve it")
     p.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b or tiny (with --random-weights)")
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.random_weights:
                 if args.checkpoint_dir is None:
                     tmp = tempfile.TemporaryDirectory(prefix="nv-load-ckpt-")
-                from nv_engine.server.testing import write_load_test_checkpoint
+                from nv_engine.entrypoints.server.testing import write_load_test_checkpoint
 
                 model = str(write_load_test_checkpoint(Path(args.checkpoint_dir or tmp.name), args.shape))
             config = Path(model) / "config.json"

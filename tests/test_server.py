@@ -19,9 +19,9 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from nv_engine.server.app import create_app  # noqa: E402
-from nv_engine.server.cli import build_app_for_engine, create_engine  # noqa: E402
-from nv_engine.server.testing import serve_in_thread  # noqa: E402
+from nv_engine.entrypoints.server.app import create_app  # noqa: E402
+from nv_engine.entrypoints.server.cli import build_app_for_engine, create_engine  # noqa: E402
+from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
 
 API_KEY = "test-key"
 MODEL = "tiny"
@@ -285,7 +285,7 @@ def test_nv_serve_command_line(tiny_qwen3_dir: Path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "nv_engine.cli", "serve", str(tiny_qwen3_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "nv_engine.entrypoints.cli", "serve", str(tiny_qwen3_dir), "--port", str(port),
            "--device", "cpu", "--max-model-len", "128", "--num-gpu-blocks-override", "64",
            "--served-model-name", "cli-model", "--uvicorn-log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from nv_engine.server.app import build_state, create_app  # noqa: E402
-from nv_engine.server.testing import serve_in_thread  # noqa: E402
+from nv_engine.entrypoints.server.app import build_state, create_app  # noqa: E402
+from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
 
 
 class FakeParams:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from nv_engine import cli
-from nv_engine.bench import floor_bytes, make_workload
+from nv_engine.entrypoints import cli
+from nv_engine.entrypoints.bench import floor_bytes, make_workload
 
 
 def test_workload_is_benchmark_md_exactly():
@@ -40,7 +40,7 @@ def test_nv_generate_random_weights_builds_a_random_qwen3(tmp_path, monkeypatch,
 
 def test_nv_generate_as_a_module(tiny_model_dir):
     result = subprocess.run(
-        [sys.executable, "-m", "nv_engine.cli", "generate", "--model", str(tiny_model_dir), "--max-tokens", "4",
+        [sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "--model", str(tiny_model_dir), "--max-tokens", "4",
          "Hi there"], capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr

@@ -7,9 +7,9 @@ import pickle
 import pytest
 import torch
 
-from nv_engine import registry
+from nv_engine.checkpoints import registry
 from nv_engine.config import DEFAULT_BLOCK_SIZE, EngineConfig, resolve_dtype, resolve_max_model_len
-from nv_engine.model_path import resolve_model_path
+from nv_engine.checkpoints.model_path import resolve_model_path
 
 
 def test_defaults_come_from_the_checkpoint(tiny_model_dir):

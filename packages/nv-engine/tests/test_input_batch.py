@@ -11,9 +11,10 @@ import torch
 
 from nv_kvcache import Scheduler, Sequence, StopRules
 
-from nv_engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from nv_engine.input_batch import BlockTableCache, StepBuilder
-from nv_engine.staging import StagingBuffer
+from nv_engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from nv_engine.block_table_cache import BlockTableCache
+from nv_engine.step_builder import StepBuilder
+from nv_engine.runner.staging_buffer import StagingBuffer
 
 
 def _reference(out, block_size: int) -> dict:

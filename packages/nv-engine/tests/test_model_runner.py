@@ -7,9 +7,9 @@ import torch
 from nv_kvcache import Scheduler, Sequence, StopRules
 
 from nv_engine.config import EngineConfig
-from nv_engine.input_batch import StepBuilder
-from nv_engine.kv_cache_sizing import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
-from nv_engine.model_runner import ModelRunner
+from nv_engine.step_builder import StepBuilder
+from nv_engine.runner.memory import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
+from nv_engine.runner.model_runner import ModelRunner
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_memory_profile_budget():
 def test_profile_runs_work_on_any_device(runner):
     """The dummy steps of the CUDA memory profile (a max-size prefill without KV cache plus a
     worst-case sampler; a decode over a scratch one-block cache) run, and put the cache back."""
-    from nv_engine.kv_cache_sizing import dummy_decode, dummy_prefill
+    from nv_engine.runner.memory import dummy_decode, dummy_prefill
 
     runner.allocate_kv_cache(32)
     with torch.inference_mode():

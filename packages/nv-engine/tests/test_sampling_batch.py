@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from nv_engine.outputs import Logprob
-from nv_engine.sampling_batch import (SamplingBatchBuilder, SamplingRow, SamplingTensorsCache,
-                                      sequence_seed, step_result_fields, unpack_results)
+from nv_engine.runner.sampling_tensors import SamplingTensorsCache
+from nv_engine.sampling_batch import (SamplingBatchBuilder, SamplingRow, sequence_seed, step_result_fields,
+                                      unpack_results)
 from nv_engine.sampling_params import SamplingParams
 from nv_layers.sampler import Sampler
 

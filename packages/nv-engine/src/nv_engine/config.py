@@ -44,6 +44,7 @@ class EngineConfig:
     attention_backend: str | None = None
     num_gpu_blocks_override: int | None = None   # fixed KV-cache size in blocks (tests, debugging)
     tokenizer: str | None = None                 # tokenizer dir; None = the model dir
+    async_scheduling: bool | None = None         # None: on when one rank runs the model
 
     @classmethod
     def create(cls, model: str, *, hf_config: Any = None, **kwargs: Any) -> "EngineConfig":
@@ -54,7 +55,7 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {unknown}; accepted: {sorted(known)}")
-        from nv_engine.model_path import load_hf_config, resolve_model_path
+        from nv_engine.checkpoints.model_path import load_hf_config, resolve_model_path
 
         path = resolve_model_path(model)
         if hf_config is None:

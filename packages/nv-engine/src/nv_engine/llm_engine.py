@@ -26,8 +26,9 @@ from nv_kvcache import FinishReason, Scheduler, SchedulerOutput, Sequence
 from nv_engine.config import EngineConfig
 from nv_engine.detokenizer import IncrementalDetokenizer
 from nv_engine.engine_requests import Completion, Request, eos_token_ids, load_tokenizer, prompt_to_ids
-from nv_engine.input_batch import PLACEHOLDER_TOKEN, StepBuilder, StepResult
-from nv_engine.output_processing import apply_async_tokens, process_samples
+from nv_engine.step import PLACEHOLDER_TOKEN, StepResult
+from nv_engine.step_builder import StepBuilder
+from nv_engine.output_processor import apply_async_tokens, process_samples
 from nv_engine.outputs import RequestOutput
 from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed
 from nv_engine.sampling_params import SamplingParams
@@ -69,9 +70,9 @@ class LLMEngine:
         self.vocab_size = int(config.hf_config.vocab_size)
         self.executor = Executor.create(config)
         try:
-            self.num_blocks = int(self.executor.call("determine_num_blocks"))
-            self.executor.call("allocate_kv_cache", self.num_blocks)
-            self.executor.call("capture_cudagraphs")
+            self.num_blocks = int(self.executor.determine_num_blocks())
+            self.executor.allocate_kv_cache(self.num_blocks)
+            self.executor.capture_cudagraphs()
         except BaseException:
             self.executor.shutdown()
             raise
@@ -181,10 +182,10 @@ class LLMEngine:
             following = self.scheduler.schedule()
             if not following.is_empty:
                 self._inflight = self._launch(following, launched)
-            result = self.executor.call("collect")
+            result = self.executor.collect()
             apply_async_tokens(self, out.sampling, result.token_ids)
         else:
-            result = launched.result if launched.result is not None else self.executor.call("collect")
+            result = launched.result if launched.result is not None else self.executor.collect()
             for seq in self.scheduler.postprocess(out, result.token_ids):
                 self.step_builder.release(seq.seq_id)
         return process_samples(self, out.sampling, result, launched.batch)
@@ -205,9 +206,9 @@ class LLMEngine:
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)))
         if self.async_scheduling:
-            self.executor.call("launch", step_input)
+            self.executor.launch(step_input)
         else:
-            launched.result = self.executor.call("execute", step_input)
+            launched.result = self.executor.execute(step_input)
         return launched
 
     # ---- lifetime ----------------------------------------------------------------------------

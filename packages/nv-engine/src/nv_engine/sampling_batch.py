@@ -20,7 +20,9 @@ import torch
 
 from nv_engine.outputs import Logprob
 from nv_engine.sampling_params import SAMPLING_EPS, SamplingParams
-from nv_layers.sampler import SamplerOutput, SamplingTensors
+from nv_layers.sampler import SamplerOutput
+
+from nv_engine.step import SamplingBatch
 
 _static_ids = itertools.count(1)
 
@@ -44,24 +46,6 @@ class _StaticPart:
     min_token_rows: list[tuple[int, int, list[int]]]  # (row, min_tokens, ids banned until then)
     rep_rows: list[int]  # rows with repetition_penalty != 1 (need prompt ids)
     pen_rows: list[int]  # rows with any penalty (need output ids)
-
-
-@dataclass
-class SamplingBatch:
-    """Host-side sampling inputs of one step (numpy; picklable)."""
-
-    static_id: int  # same id -> same static arrays as a previous batch
-    arrays: dict[str, np.ndarray]
-    flags: dict[str, Any]
-    seeds_positions: np.ndarray  # [2, S] int64
-    logprob_counts: list[int | None]
-    prompt_token_ids: np.ndarray | None = None  # [S, Lp] int64 padded with V
-    output_token_ids: np.ndarray | None = None  # [S, Lo] int64 padded with V
-    banned_token_ids: np.ndarray | None = None  # [S, Lb] int64 padded with V
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.seeds_positions.shape[1])
 
 
 def sequence_seed(params_seed: int | None, index: int, rng: random.Random) -> int:
@@ -156,30 +140,6 @@ class SamplingBatchBuilder:
         rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
         return _StaticPart(next(_static_ids), arrays, flags, counts, min_rows, rep_rows, pen_rows)
-
-
-class SamplingTensorsCache:
-    """Runner side: SamplingBatch -> SamplingTensors on `device`, reusing the static tensors of
-    the previous batch when its static_id is the same."""
-
-    def __init__(self, device: torch.device | str) -> None:
-        self.device = torch.device(device)
-        self._static_id = 0
-        self._static: dict[str, torch.Tensor] = {}
-
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device, non_blocking=True)
-
-    def get(self, batch: SamplingBatch) -> SamplingTensors:
-        if batch.static_id != self._static_id:
-            self._static = {k: self._to_device(v) for k, v in batch.arrays.items()}
-            self._static_id = batch.static_id
-        seeds_positions = self._to_device(batch.seeds_positions)  # [2, S]
-        extra = {name: self._to_device(value) for name in
-                 ("prompt_token_ids", "output_token_ids", "banned_token_ids")
-                 if (value := getattr(batch, name)) is not None}
-        return SamplingTensors(seeds=seeds_positions[0], positions=seeds_positions[1],
-                               **self._static, **extra, **batch.flags)
 
 
 class SampleResult(NamedTuple):

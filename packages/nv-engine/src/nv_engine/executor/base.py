@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from nv_engine.executor.distributed import dist_in_use
+from nv_engine.step import StepInput, StepResult
 
 _owners_lock = threading.Lock()
 _in_process_runners = 0  # live executors whose runner lives in this process
@@ -57,7 +58,7 @@ class Executor(ABC):
     @staticmethod
     def create(config: Any, runner_cls: Any = None, **kwargs: Any) -> "Executor":
         """The executor for `config` (see the module docstring). `runner_cls`: a class or a
-        'module:Class' string importable in a spawned process (default nv_engine.model_runner)."""
+        'module:Class' string importable in a spawned process (default nv_engine.runner.model_runner)."""
         from nv_engine.executor.multiproc import MultiProcExecutor
         from nv_engine.executor.torchrun import TorchrunExecutor
         from nv_engine.executor.uniproc import UniProcExecutor
@@ -75,6 +76,29 @@ class Executor(ABC):
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """runner.<method>(*args, **kwargs) on every rank; rank 0's result. RuntimeError (never a
         hang) when a worker died or raised."""
+
+    # ---- the runner's methods, on every rank ---------------------------------------------------
+    def determine_num_blocks(self) -> int:
+        """KV-cache blocks that fit on every rank (the smallest over the group)."""
+        return int(self.call("determine_num_blocks"))
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.call("allocate_kv_cache", num_blocks)
+
+    def capture_cudagraphs(self) -> None:
+        self.call("capture_cudagraphs")
+
+    def launch(self, step: StepInput) -> None:
+        """Queue one step on every rank; its result comes from the matching `collect()`."""
+        self.call("launch", step)
+
+    def collect(self) -> StepResult | None:
+        """Rank 0's result of the oldest launched, uncollected step."""
+        return self.call("collect")
+
+    def execute(self, step: StepInput) -> StepResult | None:
+        """launch + collect."""
+        return self.call("execute", step)
 
     @abstractmethod
     def shutdown(self) -> None:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RUNNER = "nv_engine.model_runner:ModelRunner"
+DEFAULT_RUNNER = "nv_engine.runner.model_runner:ModelRunner"
 # Upper bound for one collective (gloo honours it; NCCL's watchdog uses it). A dead worker is
 # normally noticed much sooner, through its process sentinel and closed pipe.
 DEFAULT_TIMEOUT_S = float(os.environ.get("NV_DIST_TIMEOUT_S", "600"))

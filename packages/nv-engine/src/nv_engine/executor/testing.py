@@ -117,7 +117,7 @@ def engine_decode_step(num_seqs: int = 256, context_len: int = 1024, block_size:
                        seed: int = 0) -> Any:
     """A real nv_engine StepInput of a pure decode step (with its SamplingBatch), as the engine
     sends it: `num_seqs` sequences of `context_len` tokens each."""
-    from nv_engine.input_batch import StepInput
+    from nv_engine.step import StepInput
     from nv_engine.sampling_batch import SamplingBatchBuilder
     from nv_engine.sampling_params import SamplingParams
 

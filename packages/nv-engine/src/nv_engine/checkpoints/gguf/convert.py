@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from nv_engine.gguf import llama
-from nv_engine.gguf.reader import dequantize_tensor, iter_tensors, open_gguf, read_metadata, tensor_shape
+from nv_engine.checkpoints.gguf import llama
+from nv_engine.checkpoints.gguf.reader import dequantize_tensor, iter_tensors, open_gguf, read_metadata, tensor_shape
 
 # Bump when the output layout changes, so stale cache entries are not reused.
 CONVERTER_VERSION = 1

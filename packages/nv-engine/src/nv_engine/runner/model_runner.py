@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from nv_engine.config import EngineConfig
-from nv_engine.cuda_graphs import DecodeGraphs
-from nv_engine.input_batch import StepInput, StepResult
-from nv_engine.kv_cache_sizing import MemoryProfile, cpu_num_blocks, profile_memory
-from nv_engine.registry import get_model_class
-from nv_engine.runner_io import ResultCopier, sampling_tensors
-from nv_engine.staging import StagingBuffer
+from nv_engine.runner.cuda_graphs import DecodeGraphs
+from nv_engine.step import StepInput, StepResult
+from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, profile_memory
+from nv_engine.checkpoints.registry import get_model_class
+from nv_engine.runner.input_stager import ResultCopier, sampling_tensors
+from nv_engine.runner.staging_buffer import StagingBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class ModelRunner:
         from nv_layers.parallel_state import get_tp_rank
         from nv_layers.sampler import Sampler
 
-        from nv_engine.sampling_batch import SamplingTensorsCache
+        from nv_engine.runner.sampling_tensors import SamplingTensorsCache
 
         self.config, self.rank = config, rank
         self.device = runner_device(config, rank)
@@ -142,7 +142,7 @@ class ModelRunner:
         emulate = emulate or self.config.enforce_eager
         if not self.kv_caches:
             raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
-        from nv_engine.runner_io import decode_graph_inputs
+        from nv_engine.runner.input_stager import decode_graph_inputs
 
         max_bs = min(self.max_batch, self.config.max_num_batched_tokens)
         hidden_size = self.config.hf_config.hidden_size
@@ -173,7 +173,7 @@ class ModelRunner:
         sampled ids (an engine that schedules step N+1 before it has step N's tokens)."""
         from nv_layers.forward_context import forward_context
 
-        from nv_engine.runner_io import decode_graph_inputs, eager_inputs
+        from nv_engine.runner.input_stager import decode_graph_inputs, eager_inputs
 
         batch = step.num_seqs
         padded = self.graphs.padded_size(batch) if (self.graphs is not None and step.is_decode) else None

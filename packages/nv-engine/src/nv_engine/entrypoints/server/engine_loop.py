@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator
 
-from nv_engine.server.errors import APIError
-from nv_engine.server.metrics import ServerMetrics
+from nv_engine.entrypoints.server.errors import APIError
+from nv_engine.entrypoints.server.metrics import ServerMetrics
 
-logger = logging.getLogger("nv_engine.server")
+logger = logging.getLogger("nv_engine.entrypoints.server")
 
 
 @dataclass

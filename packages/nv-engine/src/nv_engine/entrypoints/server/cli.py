@@ -1,5 +1,5 @@
-"""`nv serve MODEL ...`: argument parsing and startup. `nv_engine.cli` adds the subcommand with
-`add_serve_parser(subparsers)`; `python -m nv_engine.server MODEL ...` runs the same thing."""
+"""`nv serve MODEL ...`: argument parsing and startup. `nv_engine.entrypoints.cli` adds the subcommand with
+`add_serve_parser(subparsers)`; `python -m nv_engine.entrypoints.server MODEL ...` runs the same thing."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any
 
-logger = logging.getLogger("nv_engine.server")
+logger = logging.getLogger("nv_engine.entrypoints.server")
 
 # argparse dest -> EngineConfig.create keyword (only those the user set are passed on)
 _ENGINE_ARGS = ("tensor_parallel_size", "dtype", "device", "seed", "max_model_len", "max_num_seqs",
@@ -73,7 +73,7 @@ def create_engine(model: str, **kwargs: Any) -> Any:
 
 def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
     from nv_engine.sampling_params import SamplingParams
-    from nv_engine.server.app import build_state, create_app
+    from nv_engine.entrypoints.server.app import build_state, create_app
 
     config = engine.config
     state = build_state(engine, tokenizer=engine.tokenizer, sampling_params_cls=SamplingParams,
@@ -108,7 +108,7 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nv_engine.server")
+    parser = argparse.ArgumentParser(prog="python -m nv_engine.entrypoints.server")
     add_server_arguments(parser)
     args = parser.parse_args(argv)
     return run_server(args)

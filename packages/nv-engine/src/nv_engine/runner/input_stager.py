@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
-from nv_engine.input_batch import StepInput, StepResult
+from nv_engine.step import StepInput, StepResult
 
 if TYPE_CHECKING:
-    from nv_engine.model_runner import ModelRunner
+    from nv_engine.runner.model_runner import ModelRunner
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 

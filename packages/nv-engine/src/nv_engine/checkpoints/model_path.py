@@ -15,12 +15,12 @@ def _hub_offline() -> bool:
 
 def resolve_model_path(model: str | os.PathLike) -> str:
     """A local directory as an absolute path; a .gguf file (or a directory holding one) as its cached
-    HF-format conversion (nv_engine.gguf); otherwise a hub id downloaded (or found in the HF cache)
+    HF-format conversion (nv_engine.checkpoints.gguf); otherwise a hub id downloaded (or found in the HF cache)
     with huggingface_hub. ValueError with the reason when neither works."""
     if not isinstance(model, (str, os.PathLike)) or not str(model):
         raise ValueError(f"model must be a local directory or a hub id, got {model!r}")
     path = Path(model).expanduser()
-    from nv_engine.gguf import convert_gguf, find_gguf_file
+    from nv_engine.checkpoints.gguf import convert_gguf, find_gguf_file
 
     gguf_file = find_gguf_file(path) if path.exists() else None
     if gguf_file is not None:  # a .gguf file, or a directory holding one: convert once, cached

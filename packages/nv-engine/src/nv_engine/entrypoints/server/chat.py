@@ -6,13 +6,13 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from nv_engine.server.engine_loop import OutputStream
-from nv_engine.server.errors import APIError, sse_error
-from nv_engine.server.protocol import (SSE_DONE, ChatChoice, ChatCompletionChunk,
+from nv_engine.entrypoints.server.engine_loop import OutputStream
+from nv_engine.entrypoints.server.errors import APIError, sse_error
+from nv_engine.entrypoints.server.protocol import (SSE_DONE, ChatChoice, ChatCompletionChunk,
                                        ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
                                        ChatResponseMessage, ChatStreamChoice, DeltaMessage,
                                        UsageInfo, random_id, sse)
-from nv_engine.server.serving import (ChoiceState, LogprobFormatter, ServerState,
+from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState,
                                       build_sampling_params, check_prompt, engine_error,
                                       resolve_max_tokens, run_unless_disconnected)
 

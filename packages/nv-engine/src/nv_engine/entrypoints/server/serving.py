@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from nv_engine.server.engine_loop import AsyncEngine
-from nv_engine.server.errors import APIError
-from nv_engine.server.metrics import ServerMetrics
-from nv_engine.server.protocol import (ChatLogprobs, ChatLogprobToken, CompletionLogprobs,
+from nv_engine.entrypoints.server.engine_loop import AsyncEngine
+from nv_engine.entrypoints.server.errors import APIError
+from nv_engine.entrypoints.server.metrics import ServerMetrics
+from nv_engine.entrypoints.server.protocol import (ChatLogprobs, ChatLogprobToken, CompletionLogprobs,
                                        SamplingRequest, TopLogprob)
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",

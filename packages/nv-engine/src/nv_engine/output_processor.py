@@ -8,7 +8,7 @@ from nv_kvcache import FinishReason
 
 from nv_engine.detokenizer import decode_token
 from nv_engine.engine_requests import Completion, Request
-from nv_engine.input_batch import PLACEHOLDER_TOKEN
+from nv_engine.step import PLACEHOLDER_TOKEN
 from nv_engine.outputs import RequestOutput
 from nv_engine.sampling_batch import unpack_results
 

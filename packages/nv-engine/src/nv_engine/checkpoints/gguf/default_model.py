@@ -42,6 +42,6 @@ def default_gguf_path() -> Path:
 
 def default_model_dir() -> Path:
     """HF-format directory of the default model (SmolLM2-135M-Instruct), converted once and cached."""
-    from nv_engine.gguf.convert import convert_gguf
+    from nv_engine.checkpoints.gguf.convert import convert_gguf
 
     return convert_gguf(default_gguf_path())

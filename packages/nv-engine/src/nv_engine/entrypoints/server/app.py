@@ -8,13 +8,13 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from nv_engine.server.chat import create_chat_completion
-from nv_engine.server.completions import create_completion
-from nv_engine.server.engine_loop import AsyncEngine
-from nv_engine.server.errors import APIError, install_error_handlers
-from nv_engine.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from nv_engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from nv_engine.server.serving import ServerState
+from nv_engine.entrypoints.server.chat import create_chat_completion
+from nv_engine.entrypoints.server.completions import create_completion
+from nv_engine.entrypoints.server.engine_loop import AsyncEngine
+from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
+from nv_engine.entrypoints.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from nv_engine.entrypoints.server.serving import ServerState
 
 
 def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model_path: str,

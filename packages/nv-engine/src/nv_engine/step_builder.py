@@ -8,105 +8,12 @@ Idea from vLLM v1's persistent input batch / block table.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-from nv_kvcache import SchedulerOutput, Sequence
+from nv_kvcache import SchedulerOutput
 
-# A sampled token the host does not know yet (async scheduling): the runner substitutes the
-# previous step's sampled id on the device. Never a real token id, never a stop id.
-PLACEHOLDER_TOKEN = -1
-
-
-@dataclass
-class StepInput:
-    """One step's model inputs (picklable: workers of other ranks receive it)."""
-
-    input_ids: np.ndarray        # [T] int64
-    positions: np.ndarray        # [T] int64
-    slot_mapping: np.ndarray     # [T] int64; slot = block * BS + offset
-    seq_lens: np.ndarray         # [B] int32, context incl. this step's tokens
-    cu_seqlens_q: np.ndarray     # [B+1] int32
-    block_tables: np.ndarray     # [B, M] int32 (M = blocks of the longest sequence in the step)
-    logits_indices: np.ndarray   # [S] int64 rows of the hidden states that sample
-    is_decode: bool              # every sequence computes one token and samples
-    max_seqlen_q: int
-    max_seqlen_k: int
-    sampling: Any = None         # nv_engine.sampling_batch's batch for the S sampling rows
-    prev_rows: np.ndarray | None = None   # [K] int64 rows of input_ids that are placeholders ...
-    prev_src: np.ndarray | None = None    # [K] int64 ... for the previous step's sampled id at this index
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.shape[0])
-
-
-@dataclass
-class StepResult:
-    """What rank 0 hands back: one entry per sampling row, in SchedulerOutput.sampling order."""
-
-    token_ids: list[int]                          # [S]
-    logprobs: list[float] | None = None           # [S] logprob of the chosen token
-    ranks: list[int] | None = None                # [S] rank of the chosen token (1 = most likely)
-    topk_ids: list[list[int]] | None = None       # [S][K]
-    topk_logprobs: list[list[float]] | None = None
-
-
-class BlockTableCache:
-    """Per-sequence rows of block ids, kept in sync with `Sequence.block_table` incrementally."""
-
-    def __init__(self, max_blocks_per_seq: int, initial_rows: int = 64) -> None:
-        self.max_blocks = max_blocks_per_seq
-        self.table = np.zeros((initial_rows, max_blocks_per_seq), dtype=np.int32)  # [R, M]
-        self.num_written = [0] * initial_rows      # per row: leading entries in sync
-        self.last_written = [-1] * initial_rows    # per row: table[row, num_written - 1]
-        self.row_of: dict[int, int] = {}           # seq_id -> row
-        self.free_rows = list(range(initial_rows - 1, -1, -1))
-
-    def _grow(self) -> None:
-        old = self.table.shape[0]
-        self.table = np.concatenate([self.table, np.zeros_like(self.table)])
-        self.num_written += [0] * old
-        self.last_written += [-1] * old
-        self.free_rows.extend(range(2 * old - 1, old - 1, -1))
-
-    def release(self, seq_id: int) -> None:
-        """Forget a sequence (finished, aborted or preempted: its blocks were freed)."""
-        row = self.row_of.pop(seq_id, None)
-        if row is not None:
-            self.num_written[row] = 0
-            self.free_rows.append(row)
-
-    def row(self, seq: Sequence) -> int:
-        """The sequence's row, brought up to date with its block table."""
-        row = self.row_of.get(seq.seq_id)
-        blocks = seq.block_table
-        num_blocks = len(blocks)
-        if row is None:
-            if not self.free_rows:
-                self._grow()
-            row = self.row_of[seq.seq_id] = self.free_rows.pop()
-            written = 0
-        else:
-            written = self.num_written[row]
-            if num_blocks == written and (not written or self.last_written[row] == blocks[-1]):
-                return row                       # unchanged (most decode steps)
-            # A table that shrank or whose last written entry changed was replaced: rewrite it all.
-            if num_blocks < written or (written and self.last_written[row] != blocks[written - 1]):
-                written = 0
-        if num_blocks > self.max_blocks:
-            raise AssertionError(f"sequence {seq.seq_id} holds {num_blocks} blocks > {self.max_blocks}")
-        if num_blocks > written:
-            self.table[row, written:num_blocks] = blocks[written:]
-        self.num_written[row] = num_blocks
-        self.last_written[row] = blocks[-1] if num_blocks else -1
-        return row
+from nv_engine.block_table_cache import BlockTableCache
+from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepInput
 
 
 class StepBuilder:
@@ -119,7 +26,7 @@ class StepBuilder:
     def release(self, seq_id: int) -> None:
         self.blocks.release(seq_id)
 
-    def build(self, out: SchedulerOutput, sampling: Any = None,
+    def build(self, out: SchedulerOutput, sampling: SamplingBatch | None = None,
               prev_index: dict[int, int] | None = None) -> StepInput:
         """prev_index: seq_id -> row in the previous step's sampled ids, for sequences whose last
         token is still PLACEHOLDER_TOKEN (scheduled before the previous step's ids came back)."""

@@ -1,0 +1,1 @@
+"""What users run: the `nv` command (generate, bench, serve) and the OpenAI-compatible server."""

@@ -1,0 +1,76 @@
+"""The step contract between the host (engine) and every rank (runner): numpy arrays and Python
+numbers only, so a step pickles to a worker process unchanged.
+
+`StepInput` is what the engine sends for one step (`StepBuilder` builds it), with the sampler's
+per-row inputs in a `SamplingBatch` (`SamplingBatchBuilder` builds it); `StepResult` is what rank 0
+sends back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# A sampled token the host does not know yet (async scheduling): the runner substitutes the
+# previous step's sampled id on the device. Never a real token id, never a stop id.
+PLACEHOLDER_TOKEN = -1
+
+
+@dataclass
+class StepInput:
+    """One step's model inputs (picklable: workers of other ranks receive it)."""
+
+    input_ids: np.ndarray        # [T] int64
+    positions: np.ndarray        # [T] int64
+    slot_mapping: np.ndarray     # [T] int64; slot = block * BS + offset
+    seq_lens: np.ndarray         # [B] int32, context incl. this step's tokens
+    cu_seqlens_q: np.ndarray     # [B+1] int32
+    block_tables: np.ndarray     # [B, M] int32 (M = blocks of the longest sequence in the step)
+    logits_indices: np.ndarray   # [S] int64 rows of the hidden states that sample
+    is_decode: bool              # every sequence computes one token and samples
+    max_seqlen_q: int
+    max_seqlen_k: int
+    sampling: SamplingBatch | None = None   # the S sampling rows' sampler inputs (None: greedy)
+    prev_rows: np.ndarray | None = None   # [K] int64 rows of input_ids that are placeholders ...
+    prev_src: np.ndarray | None = None    # [K] int64 ... for the previous step's sampled id at this index
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+@dataclass
+class StepResult:
+    """What rank 0 hands back: one entry per sampling row, in SchedulerOutput.sampling order."""
+
+    token_ids: list[int]                          # [S]
+    logprobs: list[float] | None = None           # [S] logprob of the chosen token
+    ranks: list[int] | None = None                # [S] rank of the chosen token (1 = most likely)
+    topk_ids: list[list[int]] | None = None       # [S][K]
+    topk_logprobs: list[list[float]] | None = None
+
+
+
+@dataclass
+class SamplingBatch:
+    """Host-side sampling inputs of one step (numpy; picklable)."""
+
+    static_id: int  # same id -> same static arrays as a previous batch
+    arrays: dict[str, np.ndarray]
+    flags: dict[str, Any]
+    seeds_positions: np.ndarray  # [2, S] int64
+    logprob_counts: list[int | None]
+    prompt_token_ids: np.ndarray | None = None  # [S, Lp] int64 padded with V
+    output_token_ids: np.ndarray | None = None  # [S, Lo] int64 padded with V
+    banned_token_ids: np.ndarray | None = None  # [S, Lb] int64 padded with V
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.seeds_positions.shape[1])
+
+
