@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from nv_engine.executor import Executor, MultiProcExecutor, TorchrunExecutor, UniProcExecutor
+from nv_engine.executor import MultiProcExecutor, TorchrunExecutor, UniProcExecutor, create_executor
 from nv_engine.executor.testing import FakeConfig, engine_decode_step, measure_call_latency
 
 RUNNER = "nv_engine.executor.testing:FakeRunner"
@@ -48,36 +48,36 @@ def _no_leftover_children():
 class TestHealthyExecutor:
     @pytest.fixture(scope="class")
     def executor(self):
-        ex = Executor.create(FakeConfig(tensor_parallel_size=2), RUNNER)
+        ex = create_executor(FakeConfig(tensor_parallel_size=2), RUNNER)
         yield ex
         ex.shutdown()
 
     def test_rank0_result_and_every_rank_ran(self, executor):
         assert isinstance(executor, MultiProcExecutor) and executor.driver_in_process
-        assert executor.call("pid") == os.getpid()          # rank 0's result, from this process
-        assert executor.call("rank_sum") == 3.0              # (0 + 1) + (1 + 1): both ranks ran it
-        executor.call("rank_sum")
-        assert executor.call("calls_sum") == 4.0             # each rank counted 2 calls
-        assert executor.call("echo", value={"x": [1, 2]}) == {"x": [1, 2]}
+        assert executor.run_on_all_ranks("pid") == os.getpid()          # rank 0's result, from this process
+        assert executor.run_on_all_ranks("rank_sum") == 3.0              # (0 + 1) + (1 + 1): both ranks ran it
+        executor.run_on_all_ranks("rank_sum")
+        assert executor.run_on_all_ranks("calls_sum") == 4.0             # each rank counted 2 calls
+        assert executor.run_on_all_ranks("echo", value={"x": [1, 2]}) == {"x": [1, 2]}
 
     def test_50mb_message_goes_through(self, executor):
         blob = os.urandom(50 * 1024 * 1024)
-        assert executor.call("nbytes_sum", blob) == 2 * len(blob)
+        assert executor.run_on_all_ranks("nbytes_sum", blob) == 2 * len(blob)
 
     def test_unknown_method_keeps_executor(self, executor):
         with pytest.raises(AttributeError, match="no_such_method"):
-            executor.call("no_such_method")
-        assert executor.call("rank_sum") == 3.0
+            executor.run_on_all_ranks("no_such_method")
+        assert executor.run_on_all_ranks("rank_sum") == 3.0
 
     def test_errors_after_the_collective_keep_executor_usable(self, executor):
         # rank 1 raises after the all_reduce: every rank finished, so the group is consistent
         with pytest.raises(RuntimeError, match=r"worker rank 1 raised in raise_on\(\)") as info:
-            executor.call("raise_on", 1, before_collective=False)
+            executor.run_on_all_ranks("raise_on", 1, before_collective=False)
         assert "Traceback" in str(info.value) and "after the collective" in str(info.value)
         # rank 0 (this process) raising reaches the caller as itself
         with pytest.raises(ValueError, match="fake failure on rank 0 after the collective"):
-            executor.call("raise_on", 0, before_collective=False)
-        assert executor.call("rank_sum") == 3.0
+            executor.run_on_all_ranks("raise_on", 0, before_collective=False)
+        assert executor.run_on_all_ranks("rank_sum") == 3.0
 
     def test_decode_step_latency(self, executor):
         step = engine_decode_step(num_seqs=256, context_len=1024)   # the engine's StepInput
@@ -87,47 +87,47 @@ class TestHealthyExecutor:
 
     def test_second_executor_in_the_same_process(self, executor):
         # this process already hosts rank 0 of `executor`, so the second one spawns all its ranks
-        with Executor.create(FakeConfig(tensor_parallel_size=2, tag=10), RUNNER) as other:
+        with create_executor(FakeConfig(tensor_parallel_size=2, tag=10), RUNNER) as other:
             assert not other.driver_in_process
             assert set(other.worker_pids) == {0, 1}
             for _ in range(3):
-                assert other.call("rank_sum") == 23.0       # 3 + 2 * tag
-                assert executor.call("rank_sum") == 3.0
-            assert other.call("pid") == other.worker_pids[0]
+                assert other.run_on_all_ranks("rank_sum") == 23.0       # 3 + 2 * tag
+                assert executor.run_on_all_ranks("rank_sum") == 3.0
+            assert other.run_on_all_ranks("pid") == other.worker_pids[0]
             pids = list(other.worker_pids.values())
         assert not any(_alive(p) for p in pids)
-        assert executor.call("rank_sum") == 3.0
+        assert executor.run_on_all_ranks("rank_sum") == 3.0
 
 
 def test_uniproc_when_tp_is_1():
-    ex = Executor.create(FakeConfig(tensor_parallel_size=1), RUNNER)
+    ex = create_executor(FakeConfig(tensor_parallel_size=1), RUNNER)
     assert isinstance(ex, UniProcExecutor) and ex.is_driver
-    assert ex.call("rank_sum") == 1.0 and ex.call("pid") == os.getpid()
+    assert ex.run_on_all_ranks("rank_sum") == 1.0 and ex.run_on_all_ranks("pid") == os.getpid()
     ex.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
-        ex.call("rank_sum")
+        ex.run_on_all_ranks("rank_sum")
 
 
 def test_tp_group_beside_a_live_in_process_runner_goes_to_workers():
-    with Executor.create(FakeConfig(tensor_parallel_size=1), RUNNER) as single:
-        with Executor.create(FakeConfig(tensor_parallel_size=2), RUNNER) as tp:
+    with create_executor(FakeConfig(tensor_parallel_size=1), RUNNER) as single:
+        with create_executor(FakeConfig(tensor_parallel_size=2), RUNNER) as tp:
             assert not tp.driver_in_process           # would change the TP size `single` sees
-            assert tp.call("rank_sum") == 3.0 and single.call("rank_sum") == 1.0
+            assert tp.run_on_all_ranks("rank_sum") == 3.0 and single.run_on_all_ranks("rank_sum") == 1.0
         assert not dist.is_initialized()
 
 
 def test_bad_runner_and_bad_tp_size():
     with pytest.raises(ValueError, match="no class"):
-        Executor.create(FakeConfig(), "nv_engine.executor.testing:Missing")
+        create_executor(FakeConfig(), "nv_engine.executor.testing:Missing")
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        Executor.create(FakeConfig(tensor_parallel_size=0), RUNNER)
+        create_executor(FakeConfig(tensor_parallel_size=0), RUNNER)
 
 
 def test_torchrun_executor_needs_matching_world_size(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match="must equal WORLD_SIZE"):
-        Executor.create(FakeConfig(tensor_parallel_size=4), RUNNER)
+        create_executor(FakeConfig(tensor_parallel_size=4), RUNNER)
     assert TorchrunExecutor  # the class the torchrun test drives end to end
 
 
@@ -144,11 +144,11 @@ def test_worker_error_while_rank0_waits_closes_executor():
     start = time.monotonic()
     # rank 1 raises before the all_reduce: rank 0 would wait forever in it
     with pytest.raises(RuntimeError, match="fake failure on rank 1") as info:
-        ex.call("raise_on", 1)
+        ex.run_on_all_ranks("raise_on", 1)
     assert time.monotonic() - start < 5
     assert "Traceback" in str(info.value) and "executor is closed" in str(info.value)
     with pytest.raises(RuntimeError, match="closed"):
-        ex.call("rank_sum")
+        ex.run_on_all_ranks("rank_sum")
     _assert_clean(pids)
     ex.shutdown()
 
@@ -156,15 +156,15 @@ def test_worker_error_while_rank0_waits_closes_executor():
 @pytest.mark.parametrize("driver_in_process", [True, False])
 def test_killed_worker_makes_next_call_raise(driver_in_process):
     ex = MultiProcExecutor(FakeConfig(), RUNNER, driver_in_process=driver_in_process)
-    assert ex.call("rank_sum") == 3.0
+    assert ex.run_on_all_ranks("rank_sum") == 3.0
     pids = list(ex.worker_pids.values())
     os.kill(ex.worker_pids[1], signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"rank 1 .*(died|cannot be reached)"):
-        ex.call("rank_sum")
+        ex.run_on_all_ranks("rank_sum")
     assert time.monotonic() - start < 5
     with pytest.raises(RuntimeError, match="closed"):
-        ex.call("rank_sum")
+        ex.run_on_all_ranks("rank_sum")
     ex.shutdown()
     _assert_clean(pids)
 
@@ -174,7 +174,7 @@ def test_worker_dying_inside_a_call_raises():
     pids = list(ex.worker_pids.values())
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"rank 1 \(pid \d+\) died with exit code 7"):
-        ex.call("exit_on", 1, 7)    # rank 0 sits in the all_reduce when rank 1 exits
+        ex.run_on_all_ranks("exit_on", 1, 7)    # rank 0 sits in the all_reduce when rank 1 exits
     assert time.monotonic() - start < 5
     ex.shutdown()
     _assert_clean(pids)
@@ -191,7 +191,7 @@ def test_shutdown_and_garbage_collection_stop_workers():
     assert torch.get_num_threads() == threads   # rank 0's share of the cores is given back
     _assert_clean(pids)
     with pytest.raises(RuntimeError, match="closed"):
-        ex.call("rank_sum")
+        ex.run_on_all_ranks("rank_sum")
 
     ex = MultiProcExecutor(FakeConfig(), RUNNER)
     pids = list(ex.worker_pids.values())
@@ -208,17 +208,17 @@ two_gpus = pytest.mark.skipif(
 @pytest.mark.gpu
 @two_gpus
 def test_nccl_two_gpus_calls_and_dead_worker():
-    ex = Executor.create(FakeConfig(tensor_parallel_size=2, device="cuda"), RUNNER)
+    ex = create_executor(FakeConfig(tensor_parallel_size=2, device="cuda"), RUNNER)
     assert ex.driver_in_process and os.environ.get("NCCL_NVLS_ENABLE") == "0"
-    assert ex.call("rank_sum") == 3.0
+    assert ex.run_on_all_ranks("rank_sum") == 3.0
     blob = os.urandom(50 * 1024 * 1024)
-    assert ex.call("nbytes_sum", blob) == 2 * len(blob)
+    assert ex.run_on_all_ranks("nbytes_sum", blob) == 2 * len(blob)
     stats = measure_call_latency(ex, engine_decode_step(256, 1024), iters=100)
     print(f"\nNCCL decode StepInput round trip: {stats}")
     pids = list(ex.worker_pids.values())
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="died"):
-        ex.call("exit_on", 1, 7)    # rank 0 sits in an NCCL all_reduce: the executor aborts it
+        ex.run_on_all_ranks("exit_on", 1, 7)    # rank 0 sits in an NCCL all_reduce: the executor aborts it
     assert time.monotonic() - start < 15
     ex.shutdown()
     _assert_clean(pids)

@@ -6,19 +6,19 @@ import textwrap
 from nv_engine.executor.testing import run_torchrun
 
 SCRIPT = textwrap.dedent("""
-    from nv_engine.executor import Executor, TorchrunExecutor
+    from nv_engine.executor import TorchrunExecutor, create_executor
     from nv_engine.executor.testing import FakeConfig
 
-    ex = Executor.create(FakeConfig(tensor_parallel_size=2), "nv_engine.executor.testing:FakeRunner")
+    ex = create_executor(FakeConfig(tensor_parallel_size=2), "nv_engine.executor.testing:FakeRunner")
     assert isinstance(ex, TorchrunExecutor), type(ex)
-    total = ex.call("rank_sum")           # every rank calls in lockstep; the all_reduce pairs up
-    echoed = ex.call("echo", f"from rank {ex.rank}")   # every rank gets rank 0's result
+    total = ex.run_on_all_ranks("rank_sum")           # every rank calls in lockstep; the all_reduce pairs up
+    echoed = ex.run_on_all_ranks("echo", f"from rank {ex.rank}")   # every rank gets rank 0's result
     try:
-        ex.call("raise_on", 1, before_collective=False)
+        ex.run_on_all_ranks("raise_on", 1, before_collective=False)
         failure = "none"
     except Exception as exc:              # every rank learns that rank 1 failed
         failure = type(exc).__name__ + ("+tb" if "Traceback" in str(exc) else "")
-    calls = ex.call("calls_sum")          # still in lockstep after the failure
+    calls = ex.run_on_all_ranks("calls_sum")          # still in lockstep after the failure
     print(f"rank {ex.rank}: sum={total} echo={echoed!r} failure={failure} calls={calls}", flush=True)
     if ex.is_driver:
         print("DRIVER-OUTPUT", flush=True)

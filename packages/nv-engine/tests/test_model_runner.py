@@ -1,4 +1,4 @@
-"""ModelRunner on CPU: KV-cache sizing, cache layout, steps with and without sampling rows."""
+"""ModelRunner on CPU: KV-cache sizing, cache layout, steps with and without sampling rows, the\nCUDA-graph input layout (emulated graphs) against eager steps."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +7,8 @@ import torch
 from nv_kvcache import Scheduler, Sequence, StopRules
 
 from nv_engine.config import EngineConfig
+from nv_engine.sampling_batch import SamplingBatchBuilder
+from nv_engine.sampling_params import SamplingParams
 from nv_engine.step_builder import StepBuilder
 from nv_engine.runner.memory import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
 from nv_engine.runner.model_runner import ModelRunner
@@ -64,10 +66,64 @@ def test_memory_profile_budget():
 def test_profile_runs_work_on_any_device(runner):
     """The dummy steps of the CUDA memory profile (a max-size prefill without KV cache plus a
     worst-case sampler; a decode over a scratch one-block cache) run, and put the cache back."""
-    from nv_engine.runner.memory import dummy_decode, dummy_prefill
-
     runner.allocate_kv_cache(32)
     with torch.inference_mode():
-        dummy_prefill(runner, 300, 8)          # two sequences: 256 (max_model_len) + 44 tokens
-        dummy_decode(runner, 8)
+        runner._dummy_prefill(300, 8)          # two sequences: 256 (max_model_len) + 44 tokens
+        runner._dummy_decode(8)
     assert runner.attention_layers[0].k_cache.shape[0] == 32          # the real cache is back
+
+
+def _greedy_run(runner: ModelRunner, prompts: list[list[int]],
+                max_tokens: list[int]) -> tuple[list[list[int]], list[list[float]]]:
+    """Run the prompts to completion through runner.execute over the runner's 64-block cache;
+    each sequence's greedy ids and their logprobs."""
+    sched = Scheduler(num_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
+    builder = StepBuilder(16, runner.config.max_blocks_per_seq)
+    sampling = SamplingBatchBuilder(runner.config.hf_config.vocab_size)
+    params = SamplingParams(temperature=0.0, logprobs=0)
+    seqs = [Sequence(list(p), StopRules(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, max_tokens)]
+    logprobs: dict[int, list[float]] = {seq.seq_id: [] for seq in seqs}
+    for seq in seqs:
+        sched.add(seq)
+    while sched.has_unfinished():
+        out = sched.schedule()
+        batch = sampling.build([(params, 0, s.seq.num_output_tokens) for s in out.sampling]) if out.sampling else None
+        result = runner.execute(builder.build(out, batch))
+        for s, logprob in zip(out.sampling, result.logprobs or []):
+            logprobs[s.seq.seq_id].append(logprob)
+        sched.postprocess(out, result.token_ids)
+    return [list(seq.output_token_ids) for seq in seqs], [logprobs[seq.seq_id] for seq in seqs]
+
+
+def test_emulated_decode_graphs_match_eager(tiny_model_dir):
+    """Decode batches through the CUDA-graph layout (staged at fixed addresses, padded to the captured
+    sizes with slot -1 / length 0 rows, context bound max_model_len) sample the same greedy ids, with
+    the same logprobs, as eager steps."""
+    config = EngineConfig.create(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
+                                 block_size=16)
+    prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate([5, 17, 33, 2, 40, 9, 21])]
+    max_tokens = [4, 12, 7, 20, 3, 15, 9]
+    eager_runner = ModelRunner(config, 0)
+    try:
+        eager_runner.allocate_kv_cache(64)
+        eager_ids, eager_logprobs = _greedy_run(eager_runner, prompts, max_tokens)
+    finally:
+        eager_runner.shutdown()
+    graph_runner = ModelRunner(config, 0)
+    try:
+        graph_runner.allocate_kv_cache(64)
+        graph_runner.capture_cudagraphs(emulate=True)
+        graphs = graph_runner.graphs
+        assert graphs is not None and sorted(graphs.graphs) == [1, 2, 4, 8]
+        replayed = []
+        replay = graphs.replay
+        graphs.replay = lambda padded, batch: (replayed.append((padded, batch)), replay(padded, batch))[1]
+        graph_ids, graph_logprobs = _greedy_run(graph_runner, prompts, max_tokens)
+    finally:
+        graph_runner.shutdown()
+    assert [len(ids) for ids in eager_ids] == [len(lps) for lps in eager_logprobs] == max_tokens
+    assert graph_ids == eager_ids
+    for eager_lps, graph_lps in zip(eager_logprobs, graph_logprobs, strict=True):
+        assert graph_lps == pytest.approx(eager_lps, abs=1e-5)
+    assert any(padded > batch for padded, batch in replayed)          # padding rows ran
+    assert {padded for padded, _ in replayed} >= {8, 4, 1}

@@ -1,4 +1,4 @@
-"""SamplingBatchBuilder / SamplingTensorsCache / unpack_results on CPU."""
+"""SamplingBatchBuilder / SamplingTensorsSource / unpack_results on CPU."""
 from __future__ import annotations
 
 import pickle
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nv_engine.outputs import Logprob
-from nv_engine.runner.sampling_tensors import SamplingTensorsCache
+from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.sampling_batch import (SamplingBatchBuilder, SamplingRow, sequence_seed, step_result_fields,
                                       unpack_results)
 from nv_engine.sampling_params import SamplingParams
@@ -22,7 +22,7 @@ EOS = 63
 def sample(rows, logits, builder=None):
     builder = builder or SamplingBatchBuilder(VOCAB, [EOS])
     batch = builder.build(rows)
-    tensors = SamplingTensorsCache("cpu").get(batch)
+    tensors = SamplingTensorsSource("cpu").get(batch)
     return batch, tensors, Sampler()(logits, tensors)
 
 
@@ -46,7 +46,7 @@ def test_flags_and_greedy_rows_have_filters_off():
 
 def test_static_part_is_cached_while_params_are_the_same_objects():
     builder = SamplingBatchBuilder(VOCAB, [EOS])
-    cache = SamplingTensorsCache("cpu")
+    cache = SamplingTensorsSource("cpu")
     params = SamplingParams(temperature=0.7)
     first = builder.build([SamplingRow(params, 5, 0), SamplingRow(params, 6, 0)])
     second = builder.build([SamplingRow(params, 5, 1), SamplingRow(params, 7, 1)])
@@ -61,7 +61,7 @@ def test_static_part_is_cached_while_params_are_the_same_objects():
 
 def test_build_is_fast_for_identical_params():
     builder = SamplingBatchBuilder(151936, [EOS])
-    cache = SamplingTensorsCache("cpu")
+    cache = SamplingTensorsSource("cpu")
     params = SamplingParams(temperature=0.8, top_p=0.95)
     rows = [SamplingRow(params, i, 10) for i in range(256)]
     cache.get(builder.build(rows))

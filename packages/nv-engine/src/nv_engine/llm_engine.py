@@ -61,14 +61,14 @@ class LLMEngine:
             config = EngineConfig.create(kwargs.pop("model"), **kwargs)
         elif kwargs:
             raise TypeError(f"unexpected keyword argument(s) {sorted(kwargs)} next to an EngineConfig")
-        from nv_engine.executor import Executor
+        from nv_engine.executor import create_executor
 
         self.config = config
         self.stream_outputs = stream_outputs
         self.tokenizer = load_tokenizer(config)
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self.vocab_size = int(config.hf_config.vocab_size)
-        self.executor = Executor.create(config)
+        self.executor = create_executor(config)
         try:
             self.num_blocks = int(self.executor.determine_num_blocks())
             self.executor.allocate_kv_cache(self.num_blocks)

@@ -8,13 +8,30 @@ sends back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 # A sampled token the host does not know yet (async scheduling): the runner substitutes the
 # previous step's sampled id on the device. Never a real token id, never a stop id.
 PLACEHOLDER_TOKEN = -1
+
+
+@dataclass
+class SamplingBatch:
+    """Host-side sampling inputs of one step (numpy; picklable)."""
+
+    static_id: int  # same id -> same static arrays as a previous batch
+    arrays: dict[str, np.ndarray]
+    flags: dict[str, bool | int | None]  # SamplingTensors' Python-side fields (all_greedy, num_logprobs, ...)
+    seeds_positions: np.ndarray  # [2, S] int64
+    logprob_counts: list[int | None]
+    prompt_token_ids: np.ndarray | None = None  # [S, Lp] int64 padded with V
+    output_token_ids: np.ndarray | None = None  # [S, Lo] int64 padded with V
+    banned_token_ids: np.ndarray | None = None  # [S, Lb] int64 padded with V
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.seeds_positions.shape[1])
 
 
 @dataclass
@@ -53,24 +70,3 @@ class StepResult:
     ranks: list[int] | None = None                # [S] rank of the chosen token (1 = most likely)
     topk_ids: list[list[int]] | None = None       # [S][K]
     topk_logprobs: list[list[float]] | None = None
-
-
-
-@dataclass
-class SamplingBatch:
-    """Host-side sampling inputs of one step (numpy; picklable)."""
-
-    static_id: int  # same id -> same static arrays as a previous batch
-    arrays: dict[str, np.ndarray]
-    flags: dict[str, Any]
-    seeds_positions: np.ndarray  # [2, S] int64
-    logprob_counts: list[int | None]
-    prompt_token_ids: np.ndarray | None = None  # [S, Lp] int64 padded with V
-    output_token_ids: np.ndarray | None = None  # [S, Lo] int64 padded with V
-    banned_token_ids: np.ndarray | None = None  # [S, Lb] int64 padded with V
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.seeds_positions.shape[1])
-
-

@@ -1,7 +1,37 @@
-"""Executors: run ModelRunner methods on every tensor-parallel rank (see base.py for the choice)."""
-from nv_engine.executor.base import Executor
+"""Executors: run ModelRunner methods on every tensor-parallel rank.
+
+Which executor `create_executor` picks:
+- WORLD_SIZE > 1 in the environment (launched by torchrun): TorchrunExecutor, every rank runs the
+  whole engine in lockstep, env:// rendezvous, calls are local.
+- tensor_parallel_size == 1: UniProcExecutor, the runner in this process.
+- tensor_parallel_size > 1: MultiProcExecutor, ranks 1..N-1 in spawned worker processes, rank 0 here
+  (all ranks in workers when this process cannot host one, see base.in_process_allowed).
+"""
+from __future__ import annotations
+
+from nv_engine.executor.base import Executor, RankConfig, RunnerSpec, in_process_allowed, torchrun_world_size
 from nv_engine.executor.multiproc import MultiProcExecutor
 from nv_engine.executor.torchrun import TorchrunExecutor
 from nv_engine.executor.uniproc import UniProcExecutor
 
-__all__ = ["Executor", "MultiProcExecutor", "TorchrunExecutor", "UniProcExecutor"]
+
+def create_executor(config: RankConfig, runner_cls: RunnerSpec = None, *,
+                    driver_in_process: bool | None = None, timeout_s: float | None = None,
+                    failure_grace_s: float | None = None) -> Executor:
+    """The executor for `config` (see the module docstring). `runner_cls`: a class or a
+    'module:Class' string importable in a spawned process (default nv_engine.runner.model_runner).
+    The keyword arguments tune MultiProcExecutor (None: its defaults)."""
+    tp = config.tensor_parallel_size
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+    if torchrun_world_size() > 1:
+        return TorchrunExecutor(config, runner_cls)
+    if tp == 1 and in_process_allowed(1):
+        return UniProcExecutor(config, runner_cls)
+    tuning = {name: value for name, value in (("driver_in_process", driver_in_process),
+                                              ("timeout_s", timeout_s), ("failure_grace_s", failure_grace_s))
+              if value is not None}
+    return MultiProcExecutor(config, runner_cls, **tuning)
+
+
+__all__ = ["Executor", "MultiProcExecutor", "TorchrunExecutor", "UniProcExecutor", "create_executor"]

@@ -5,7 +5,6 @@ import datetime
 import importlib
 import logging
 import os
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -96,7 +95,7 @@ def abort_group() -> None:
         logger.debug("aborting the process group failed", exc_info=True)
 
 
-def resolve_runner_cls(spec: Any) -> type:
+def resolve_runner_cls(spec: object) -> type:
     """A runner class from a class, or 'package.module:Class' / 'package.module.Class'."""
     if spec is None:
         spec = DEFAULT_RUNNER

@@ -16,21 +16,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
 from nv_engine.executor.worker import BYE, ERR, HELLO, SHUTDOWN, encode, worker_main
 
 DEAD = "dead"
-Reply = tuple[int, str, int, Any]  # (rank, kind, call_id, payload)
+Reply = tuple[int, str, int, object]  # (rank, kind, call_id, payload)
 
 
 class WorkerGroup:
     def __init__(self, *, ranks: Iterable[int], grace_s: float, on_broken: Callable[[], None],
-                 **worker_kwargs: Any) -> None:
+                 **worker_kwargs: object) -> None:
         ctx = mp.get_context("spawn")
         self.grace_s = grace_s
         self._on_broken = on_broken
-        self.procs: dict[int, Any] = {}
+        self.procs: dict[int, mp.process.BaseProcess] = {}
         self.conns: dict[int, Connection] = {}
         self.replies: queue.Queue[Reply] = queue.Queue()
         self.broken: str | None = None     # why the group cannot be used any more
@@ -90,9 +89,9 @@ class WorkerGroup:
             self._local_busy = busy
             self._kill_at = None
 
-    def collect(self, call_id: int, local_failed: bool) -> dict[int, tuple[str, Any]]:
+    def collect(self, call_id: int, local_failed: bool) -> dict[int, tuple[str, object]]:
         """Replies to `call_id` from every worker (fewer when the group broke on the way)."""
-        got: dict[int, tuple[str, Any]] = {}
+        got: dict[int, tuple[str, object]] = {}
         deadline = time.monotonic() + self.grace_s if local_failed else None
         while len(got) < len(self.procs) and self.broken is None:
             now = time.monotonic()

@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
-from nv_engine.executor.base import Executor, in_process_allowed, register_in_process_runner
+from nv_engine.executor.base import (Executor, RankConfig, RunnerSpec, in_process_allowed,
+                                     register_in_process_runner)
 from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, abort_group, backend_for,
                                             destroy_group, init_group, keep_nvls_off,
                                             make_store_server, resolve_runner_cls, set_cuda_device,
@@ -38,8 +40,8 @@ class _State:
 
     def __init__(self) -> None:
         self.group: WorkerGroup | None = None
-        self.store: Any = None
-        self.runner: Any = None
+        self.store: dist.TCPStore | None = None
+        self.runner: object | None = None   # rank 0's runner when it lives in this process
         self.counted = False        # registered as an in-process runner
         self.owns_group = False     # this process joined a torch.distributed group for it
         self.closed: str | None = None
@@ -76,7 +78,7 @@ class _State:
 
 
 class MultiProcExecutor(Executor):
-    def __init__(self, config: Any, runner_cls: Any = None, *, driver_in_process: bool | None = None,
+    def __init__(self, config: RankConfig, runner_cls: RunnerSpec = None, *, driver_in_process: bool | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, failure_grace_s: float = 2.0) -> None:
         world_size = config.tensor_parallel_size
         cls = resolve_runner_cls(runner_cls)   # fail here, not in the workers, on a bad name
@@ -107,10 +109,10 @@ class MultiProcExecutor(Executor):
             self.shutdown()
             raise
 
-    def _start_local_rank(self, config: Any, cls: type, backend: str, timeout_s: float) -> None:
+    def _start_local_rank(self, config: RankConfig, cls: type, backend: str, timeout_s: float) -> None:
         state = self._state
 
-        def build() -> Any:
+        def build() -> None:
             set_cuda_device(config.device, 0)
             state.threads_before = share_cpu_threads(config.device, self.world_size)
             register_in_process_runner(+1)
@@ -129,7 +131,7 @@ class MultiProcExecutor(Executor):
         group = self._state.group
         return group.pids if group is not None else {}
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def run_on_all_ranks(self, method: str, *args: object, **kwargs: object) -> object:
         state = self._state
         with state.lock:
             if state.group is not None and state.group.broken is not None:
@@ -149,12 +151,12 @@ class MultiProcExecutor(Executor):
             if state.runner is not None:
                 runner = state.runner
 
-                def local() -> Any:
+                def local() -> object:
                     return getattr(runner, method)(*args, **kwargs)
 
             return self._run_everywhere(method, call_id, local)
 
-    def _run_everywhere(self, method: str, call_id: int, local: Any) -> Any:
+    def _run_everywhere(self, method: str, call_id: int, local: Callable[[], object] | None) -> object:
         """Run `local` (rank 0 here, if any), gather the workers' acks, apply the failure rule."""
         state = self._state
         group = state.group

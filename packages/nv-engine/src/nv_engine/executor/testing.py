@@ -6,13 +6,19 @@ would hang the others, and the returned sums prove every rank ran it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from nv_engine.executor.base import Executor
+from nv_engine.sampling_batch import SamplingBatchBuilder
+from nv_engine.sampling_params import SamplingParams
+from nv_engine.step import StepInput
 
 
 @dataclass(frozen=True)
@@ -50,11 +56,11 @@ class FakeRunner:
         """every rank's len(blob), summed: world * len when every rank got the whole message."""
         return _sum(len(blob))
 
-    def echo(self, value: Any) -> Any:
+    def echo(self, value: object) -> object:
         _sum(0)
         return value
 
-    def noop(self, step: Any = None) -> None:
+    def noop(self, step: object = None) -> None:
         return None
 
     def pid(self) -> int:
@@ -81,32 +87,14 @@ class FakeRunner:
         pass
 
 
-def decode_step_input(num_seqs: int = 256, blocks_per_seq: int = 64, seed: int = 0) -> dict:
-    """A stand-in for a decode StepInput of `num_seqs` sequences (numpy arrays, as the engine sends)."""
-    rng = np.random.default_rng(seed)
-    return {
-        "token_ids": rng.integers(0, 151_000, num_seqs, dtype=np.int64),
-        "positions": rng.integers(0, 4096, num_seqs, dtype=np.int64),
-        "seq_lens": rng.integers(1, 4096, num_seqs, dtype=np.int32),
-        "slot_mapping": rng.integers(0, 1 << 20, num_seqs, dtype=np.int64),
-        "block_tables": rng.integers(0, 1 << 16, (num_seqs, blocks_per_seq), dtype=np.int32),
-        "temperatures": np.zeros(num_seqs, dtype=np.float32),
-        "top_k": np.zeros(num_seqs, dtype=np.int32),
-        "top_p": np.ones(num_seqs, dtype=np.float32),
-        "seeds": rng.integers(0, 1 << 62, num_seqs, dtype=np.int64),
-        "seq_ids": list(range(num_seqs)),
-        "is_decode": True,
-    }
-
-
-def measure_call_latency(executor: Any, message: Any, iters: int = 200) -> dict[str, float]:
-    """Round-trip time of executor.call('noop', message) (send, run, acks), in microseconds."""
+def measure_call_latency(executor: Executor, message: object, iters: int = 200) -> dict[str, float]:
+    """Round-trip time of executor.run_on_all_ranks('noop', message) (send, run, acks), in microseconds."""
     for _ in range(10):
-        executor.call("noop", message)
+        executor.run_on_all_ranks("noop", message)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
-        executor.call("noop", message)
+        executor.run_on_all_ranks("noop", message)
         times.append((time.perf_counter() - start) * 1e6)
     times.sort()
     return {"median_us": times[len(times) // 2], "p90_us": times[int(len(times) * 0.9)],
@@ -114,13 +102,9 @@ def measure_call_latency(executor: Any, message: Any, iters: int = 200) -> dict[
 
 
 def engine_decode_step(num_seqs: int = 256, context_len: int = 1024, block_size: int = 16,
-                       seed: int = 0) -> Any:
+                       seed: int = 0) -> StepInput:
     """A real nv_engine StepInput of a pure decode step (with its SamplingBatch), as the engine
     sends it: `num_seqs` sequences of `context_len` tokens each."""
-    from nv_engine.step import StepInput
-    from nv_engine.sampling_batch import SamplingBatchBuilder
-    from nv_engine.sampling_params import SamplingParams
-
     rng = np.random.default_rng(seed)
     blocks = -(-context_len // block_size)
     block_tables = rng.integers(0, 1 << 16, (num_seqs, blocks), dtype=np.int32)      # [B, M]
@@ -137,12 +121,10 @@ def engine_decode_step(num_seqs: int = 256, context_len: int = 1024, block_size:
         max_seqlen_k=context_len, sampling=sampling)
 
 
-def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 240) -> Any:
+def run_torchrun(script: str, *args: str, nproc: int = 2,
+                 timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """`python -m torch.distributed.run --standalone --nproc-per-node N script args...` in a clean
     environment (no inherited rank variables, one CPU thread per rank); a CompletedProcess."""
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"

@@ -12,23 +12,17 @@ from __future__ import annotations
 import datetime
 import os
 import traceback
-from typing import Any
 
 import torch.distributed as dist
 
-from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, backend_for, destroy_group,
-                                            keep_nvls_off, resolve_runner_cls, set_cuda_device)
-from nv_engine.executor.uniproc import InProcessExecutor, _close_runner
-
-
-def _close(holder: list, owns_group: bool) -> None:
-    _close_runner(holder)
-    if owns_group:
-        destroy_group()
+from nv_engine.executor.base import RankConfig, RunnerSpec
+from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, backend_for, keep_nvls_off,
+                                            resolve_runner_cls, set_cuda_device)
+from nv_engine.executor.in_process import InProcessExecutor
 
 
 class TorchrunExecutor(InProcessExecutor):
-    def __init__(self, config: Any, runner_cls: Any = None, *,
+    def __init__(self, config: RankConfig, runner_cls: RunnerSpec = None, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         try:
             world_size = int(os.environ["WORLD_SIZE"])
@@ -52,9 +46,9 @@ class TorchrunExecutor(InProcessExecutor):
         elif dist.get_world_size() != world_size or dist.get_rank() != rank:
             raise ValueError("torch.distributed is initialised with a different rank / world size "
                              "than RANK / WORLD_SIZE")
-        self._hold(cls(config, rank), _close, owns_group)
+        self._hold(cls(config, rank), owns_group)
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def run_on_all_ranks(self, method: str, *args: object, **kwargs: object) -> object:
         """Run locally, then share outcomes: every rank returns rank 0's result (the runner
         returns sampled ids on rank 0 only), and every rank raises when any rank failed."""
         runner = self.runner
@@ -63,12 +57,13 @@ class TorchrunExecutor(InProcessExecutor):
             result = getattr(runner, method)(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error, trace = exc, traceback.format_exc()
-        outcomes: list[Any] = [None] * self.world_size
+        outcomes: list[tuple[str | None, object] | None] = [None] * self.world_size
         dist.all_gather_object(outcomes, (trace, result if self.rank == 0 else None))
         if error is not None:
             raise error
-        failed = [(rank, tb) for rank, (tb, _) in enumerate(outcomes) if tb is not None]
+        shared = [outcome for outcome in outcomes if outcome is not None]   # [world_size] (trace, result)
+        failed = [(rank, tb) for rank, (tb, _) in enumerate(shared) if tb is not None]
         if failed:
             rank, tb = failed[0]
             raise RuntimeError(f"rank {rank} raised in {method}():\n{tb}")
-        return outcomes[0][1]
+        return shared[0][1]

@@ -19,18 +19,21 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+
+from nv_engine.executor.base import RankConfig, RunnerSpec
+from nv_engine.executor.distributed import (destroy_group, init_group, keep_nvls_off, resolve_runner_cls,
+                                            set_cuda_device, share_cpu_threads)
 
 HELLO, READY, OK, ERR, BYE = "hello", "ready", "ok", "err", "bye"
 SHUTDOWN = "__nv_shutdown__"
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
-def encode(message: Any) -> bytes:
+def encode(message: object) -> bytes:
     return pickle.dumps(message, protocol=PICKLE_PROTOCOL)
 
 
-def _reply(conn: Connection, kind: str, call_id: int, payload: Any = None) -> None:
+def _reply(conn: Connection, kind: str, call_id: int, payload: object = None) -> None:
     try:
         data = encode((kind, call_id, payload))
     except Exception:  # an unpicklable result becomes this rank's error
@@ -38,15 +41,12 @@ def _reply(conn: Connection, kind: str, call_id: int, payload: Any = None) -> No
     conn.send_bytes(data)
 
 
-def worker_main(*, rank: int, world_size: int, config: Any, runner_spec: Any, conn: Connection,
-                store_port: int | None, backend: str, timeout_s: float, return_result: bool) -> None:
+def worker_main(*, rank: int, world_size: int, config: RankConfig, runner_spec: RunnerSpec,
+                conn: Connection, store_port: int | None, backend: str, timeout_s: float,
+                return_result: bool) -> None:
     """Entry point of a spawned worker: init torch.distributed, build the runner, serve calls."""
     # Ctrl-C reaches the whole process group; the driver decides what happens, workers keep going.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from nv_engine.executor.distributed import (destroy_group, init_group, keep_nvls_off,
-                                                resolve_runner_cls, set_cuda_device,
-                                                share_cpu_threads)
-
     keep_nvls_off()
     runner = None
     try:
@@ -86,7 +86,7 @@ def worker_main(*, rank: int, world_size: int, config: Any, runner_spec: Any, co
         os._exit(0)
 
 
-def _serve(conn: Connection, runner: Any, return_result: bool) -> None:
+def _serve(conn: Connection, runner: object, return_result: bool) -> None:
     while True:
         call_id, method, args, kwargs = pickle.loads(conn.recv_bytes())
         if method == SHUTDOWN:

@@ -8,19 +8,28 @@ does both; an engine that overlaps steps can call launch for step N+1 before col
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
+import numpy as np
 import torch
+import torch.distributed as dist
+from nv_kernels import get_backend
+from nv_layers.forward_context import ForwardContext, forward_context
+from nv_layers.loader import build_model
+from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
+from nv_layers.sampler import Sampler
 from torch import nn
 
+from nv_engine.checkpoints.registry import get_model_class
 from nv_engine.config import EngineConfig
 from nv_engine.runner.cuda_graphs import DecodeGraphs
+from nv_engine.runner.input_stager import InputStager
+from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, cuda_memory_state, graph_reserve
+from nv_engine.runner.result_copier import ResultCopier
+from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.step import StepInput, StepResult
-from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, profile_memory
-from nv_engine.checkpoints.registry import get_model_class
-from nv_engine.runner.input_stager import ResultCopier, sampling_tensors
-from nv_engine.runner.staging_buffer import StagingBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -35,23 +44,19 @@ def runner_device(config: EngineConfig, rank: int) -> torch.device:
 
 
 class ModelRunner:
+    # ---- construction ------------------------------------------------------------------------
     def __init__(self, config: EngineConfig, rank: int = 0) -> None:
-        from nv_kernels import get_backend
-        from nv_layers.parallel_state import get_tp_rank
-        from nv_layers.sampler import Sampler
-
-        from nv_engine.runner.sampling_tensors import SamplingTensorsCache
-
         self.config, self.rank = config, rank
         self.device = runner_device(config, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.is_driver = get_tp_rank() == 0
         torch.manual_seed(config.seed)
-        self.model = self._build_model()
+        self.model: nn.Module = build_model(get_model_class(config.hf_config), config.hf_config, config.model,
+                                            dtype=config.dtype, device=self.device)
         self.backend = get_backend(config.attention_backend, self.device)
         self.sampler = Sampler()
-        self.sampling_cache = SamplingTensorsCache(self.device)
+        self.sampling_tensors = SamplingTensorsSource(self.device)
         self.attention_layers = [m for m in self.model.modules()
                                  if hasattr(m, "k_cache") and hasattr(m, "v_cache")]
         if not self.attention_layers:
@@ -60,21 +65,12 @@ class ModelRunner:
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
         self.max_batch = config.max_num_seqs
-        max_tokens = max(config.max_num_batched_tokens, self.max_batch)
-        # int64: ids, positions, slots [T each] + logits indices [S] + previous-step gather [K, K]
-        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 3 * self.max_batch + 8, self.device)
-        # int32: seq lens [B], cu_seqlens [B+1], block tables [B, M]
-        self.i32 = StagingBuffer(
-            torch.int32, 2 * self.max_batch + 1 + self.max_batch * config.max_blocks_per_seq + 8, self.device)
+        self.stager = InputStager(self.backend, max_model_len=config.max_model_len,
+                                  max_blocks_per_seq=config.max_blocks_per_seq,
+                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  max_num_seqs=self.max_batch, device=self.device)
         self.results = ResultCopier(self.max_batch, self.device)
         self.last_sampled: torch.Tensor | None = None   # [S] sampled ids of the last launched step
-
-    # ---- construction ------------------------------------------------------------------------
-    def _build_model(self) -> nn.Module:
-        from nv_layers.loader import build_model
-
-        return build_model(get_model_class(self.config.hf_config), self.config.hf_config, self.config.model,
-                           dtype=self.config.dtype, device=self.device)
 
     def kv_block_bytes(self) -> int:
         itemsize = torch.empty(0, dtype=self.config.dtype).element_size()
@@ -104,9 +100,6 @@ class ModelRunner:
 
     def _agree_min(self, value: int) -> int:
         """All ranks take the smallest value (all_reduce MIN over the TP group)."""
-        import torch.distributed as dist
-        from nv_layers.parallel_state import get_tp_group, get_tp_size
-
         if get_tp_size() == 1:
             return value
         device = self.device if dist.get_backend(get_tp_group()) == "nccl" else torch.device("cpu")
@@ -115,7 +108,79 @@ class ModelRunner:
         return int(tensor.item())
 
     def profile_memory(self) -> MemoryProfile:
-        return profile_memory(self)
+        """CUDA: peak of a max-size prefill step + sampler, and the activations of a max-size decode."""
+        device, config = self.device, self.config
+        gc.collect()
+        total, non_torch = cuda_memory_state(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        num_rows = min(self.max_batch, config.max_num_batched_tokens)
+        self._dummy_prefill(config.max_num_batched_tokens, num_rows)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        reserve = 0
+        if not config.enforce_eager:
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            self._dummy_decode(self.max_batch)
+            torch.cuda.synchronize(device)
+            reserve = graph_reserve(torch.cuda.max_memory_allocated(device) - base)
+        torch.cuda.empty_cache()
+        return MemoryProfile(total=total, non_torch=non_torch, peak=peak, graph_reserve=reserve)
+
+    def _dummy_prefill(self, num_tokens: int, num_rows: int) -> None:
+        """A prefill of num_tokens tokens (sequences of up to max_model_len) without a KV cache,
+        then logits and a worst-case sampler for num_rows rows."""
+        seq_len = min(num_tokens, self.config.max_model_len)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        positions = np.concatenate([np.arange(n) for n in lens])
+        cu = np.zeros(len(lens) + 1, dtype=np.int32)
+        cu[1:] = np.cumsum(lens)
+        dev = self.device
+        ctx = ForwardContext(
+            is_decode=False, slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+            block_tables=torch.zeros(len(lens), 1, dtype=torch.int32, device=dev),
+            cu_seqlens_q=torch.from_numpy(cu).to(dev), max_seqlen_q=seq_len, max_seqlen_k=seq_len,
+            logits_indices=torch.arange(num_rows, dtype=torch.int64, device=dev) % num_tokens,
+            backend=self.backend)
+        caches = [(layer.k_cache, layer.v_cache) for layer in self.attention_layers]
+        for layer in self.attention_layers:          # attention within the batch only, no cache
+            layer.k_cache = layer.v_cache = torch.empty(0)
+        try:
+            with forward_context(ctx):
+                hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=dev),
+                                    torch.from_numpy(positions).to(dev))
+                logits = self.model.compute_logits(hidden)
+        finally:
+            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches):
+                layer.k_cache, layer.v_cache = k_cache, v_cache
+        del hidden
+        if self.is_driver:
+            self.sampler(logits, self.sampling_tensors.worst_case(num_rows))
+
+    def _dummy_decode(self, batch_size: int) -> None:
+        """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
+        bs, dev = self.config.block_size, self.device
+        caches = [(layer.k_cache, layer.v_cache) for layer in self.attention_layers]
+        for layer in self.attention_layers:
+            shape = (1, bs, layer.num_kv_heads, layer.head_dim)
+            layer.k_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
+            layer.v_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
+        try:
+            ctx = ForwardContext(
+                is_decode=True, slot_mapping=torch.full((batch_size,), -1, dtype=torch.int64, device=dev),
+                seq_lens=torch.ones(batch_size, dtype=torch.int32, device=dev),
+                block_tables=torch.zeros(batch_size, 1, dtype=torch.int32, device=dev),
+                cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=1, logits_indices=None,
+                backend=self.backend)
+            with forward_context(ctx):
+                hidden = self.model(torch.zeros(batch_size, dtype=torch.int64, device=dev),
+                                    torch.zeros(batch_size, dtype=torch.int64, device=dev))
+            self.model.compute_logits(hidden)
+        finally:
+            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches):
+                layer.k_cache, layer.v_cache = k_cache, v_cache
 
     # ---- KV cache and graphs -----------------------------------------------------------------
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -142,15 +207,13 @@ class ModelRunner:
         emulate = emulate or self.config.enforce_eager
         if not self.kv_caches:
             raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
-        from nv_engine.runner.input_stager import decode_graph_inputs
-
         max_bs = min(self.max_batch, self.config.max_num_batched_tokens)
         hidden_size = self.config.hf_config.hidden_size
         self.graphs = DecodeGraphs(max_bs, hidden_size, self.config.dtype, self.device, emulate=emulate)
-        inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # bs -> staged (ids, positions)
 
-        def prepare(bs: int):
-            staged = decode_graph_inputs(self, bs, dummy=True)
+        def prepare(bs: int) -> ForwardContext:
+            staged = self.stager.stage_decode(bs, None, dummy=True)
             inputs[bs] = (staged.ids, staged.positions)
             return staged.ctx
 
@@ -171,19 +234,16 @@ class ModelRunner:
         """Queue one step on the device; sampled ids are copied back asynchronously (collect()).
         Input ids at step.prev_rows are taken on the device from the previous launched step's
         sampled ids (an engine that schedules step N+1 before it has step N's tokens)."""
-        from nv_layers.forward_context import forward_context
-
-        from nv_engine.runner.input_stager import decode_graph_inputs, eager_inputs
-
         batch = step.num_seqs
-        padded = self.graphs.padded_size(batch) if (self.graphs is not None and step.is_decode) else None
-        staged = decode_graph_inputs(self, padded, step=step) if padded is not None else eager_inputs(self, step)
+        graphs = self.graphs if step.is_decode else None
+        padded = graphs.padded_size(batch) if graphs is not None else None
+        staged = self.stager.stage_decode(padded, step) if padded is not None else self.stager.stage_eager(step)
         if staged.prev_rows is not None:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
             staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
-        if padded is not None:
-            hidden = self.graphs.replay(padded, batch)                   # [B, H]
+        if graphs is not None and padded is not None:
+            hidden = graphs.replay(padded, batch)                         # [B, H]
             logits = self.model.compute_logits(hidden)                    # [B, V]
         else:
             with forward_context(staged.ctx):
@@ -195,7 +255,7 @@ class ModelRunner:
             self.last_sampled = None
             self.results.start(None)
             return
-        out = self.sampler(logits, sampling_tensors(self, step.sampling, logits.shape[0]))
+        out = self.sampler(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]))
         self.last_sampled = out.token_ids                                 # [S] on the device
         self.results.start(out)
 
@@ -205,6 +265,7 @@ class ModelRunner:
             return None
         return self.results.finish()
 
+    # ---- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
         if self.graphs is not None:
             self.graphs.release()

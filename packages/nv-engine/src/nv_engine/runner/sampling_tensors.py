@@ -1,5 +1,6 @@
-"""SamplingTensorsCache: the runner's side of a SamplingBatch: its arrays on the device, reusing the
-static tensors of the previous batch when its static_id is the same."""
+"""SamplingTensorsSource: the runner's SamplingTensors for a step: a SamplingBatch's arrays on the
+device (reusing the static tensors of the previous batch when its static_id is the same), all-greedy
+tensors when the step carries no batch, and the worst case that the memory profile samples with."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,17 +10,17 @@ from nv_layers.sampler import SamplingTensors
 from nv_engine.step import SamplingBatch
 
 
-class SamplingTensorsCache:
-    """SamplingBatch -> SamplingTensors on `device`, reusing the static tensors of
-    the previous batch when its static_id is the same."""
+class SamplingTensorsSource:
+    """SamplingBatch -> SamplingTensors on `device`."""
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._static_id = 0
         self._static: dict[str, torch.Tensor] = {}
 
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device, non_blocking=True)
+    def for_step(self, batch: SamplingBatch | None, num_rows: int) -> SamplingTensors:
+        """The sampler's tensors for a step of `num_rows` sampling rows: greedy without a batch."""
+        return self.greedy(num_rows) if batch is None else self.get(batch)
 
     def get(self, batch: SamplingBatch) -> SamplingTensors:
         if batch.static_id != self._static_id:
@@ -31,3 +32,31 @@ class SamplingTensorsCache:
                  if (value := getattr(batch, name)) is not None}
         return SamplingTensors(seeds=seeds_positions[0], positions=seeds_positions[1],
                                **self._static, **extra, **batch.flags)
+
+    def greedy(self, num_rows: int) -> SamplingTensors:
+        device = self.device
+        zeros = torch.zeros(num_rows, device=device)
+        return SamplingTensors(
+            temperatures=zeros, top_k=torch.zeros(num_rows, dtype=torch.int32, device=device),
+            top_p=torch.ones(num_rows, device=device), min_p=zeros,
+            seeds=torch.zeros(num_rows, dtype=torch.int64, device=device),
+            positions=torch.zeros(num_rows, dtype=torch.int64, device=device),
+            all_greedy=True, any_greedy=True, any_top_k=False, any_top_p=False, any_min_p=False)
+
+    def worst_case(self, num_rows: int) -> SamplingTensors:
+        """Every sampler stage on (the memory profile's worst case)."""
+        device = self.device
+
+        def full(value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.full((num_rows,), value, dtype=dtype, device=device)
+
+        return SamplingTensors(
+            temperatures=full(0.7), top_k=full(50, torch.int32), top_p=full(0.9), min_p=full(0.05),
+            seeds=full(0, torch.int64), positions=full(0, torch.int64), num_logprobs=20,
+            need_logprobs=True, presence_penalties=full(0.1), frequency_penalties=full(0.1),
+            repetition_penalties=full(1.1),
+            output_token_ids=torch.zeros(num_rows, 1, dtype=torch.int64, device=device),
+            all_greedy=False, any_greedy=True, any_top_k=True, any_top_p=True, any_min_p=True)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
