@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from abc import ABC, abstractmethod
-from typing import Protocol, cast
+from typing import Protocol, Self, cast
 
 from nv_engine.executor.distributed import dist_in_use
 from nv_engine.step import StepInput, StepResult
@@ -99,7 +99,7 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop the runners and any worker processes. Idempotent."""
 
-    def __enter__(self) -> Executor:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

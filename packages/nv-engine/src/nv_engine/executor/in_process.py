@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from abc import ABC
 
 from nv_engine.executor.base import Executor, register_in_process_runner
 from nv_engine.executor.distributed import destroy_group
@@ -12,7 +13,7 @@ from nv_engine.executor.distributed import destroy_group
 logger = logging.getLogger(__name__)
 
 
-class InProcessExecutor(Executor):
+class InProcessExecutor(Executor, ABC):
     def _hold(self, runner: object, owns_group: bool = False) -> None:
         """Own `runner`; owns_group: closing also destroys this process's torch.distributed group."""
         register_in_process_runner(+1)

@@ -34,6 +34,8 @@ from nv_engine.executor.worker import ERR, encode
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_FAILURE_GRACE_S = 2.0   # how long the other ranks may take to finish a call after one failed
+
 
 class _State:
     """Everything the finalizer needs, without a reference back to the executor."""
@@ -79,7 +81,8 @@ class _State:
 
 class MultiProcExecutor(Executor):
     def __init__(self, config: RankConfig, runner_cls: RunnerSpec = None, *, driver_in_process: bool | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, failure_grace_s: float = 2.0) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 failure_grace_s: float = DEFAULT_FAILURE_GRACE_S) -> None:
         world_size = config.tensor_parallel_size
         cls = resolve_runner_cls(runner_cls)   # fail here, not in the workers, on a bad name
         allowed = in_process_allowed(world_size)
@@ -147,14 +150,12 @@ class MultiProcExecutor(Executor):
             except RuntimeError:
                 state.close(state.group.broken or "a worker cannot be reached")
                 raise
-            local = None
-            if state.runner is not None:
-                runner = state.runner
+            runner = state.runner
 
-                def local() -> object:
-                    return getattr(runner, method)(*args, **kwargs)
+            def local() -> object:
+                return getattr(runner, method)(*args, **kwargs)
 
-            return self._run_everywhere(method, call_id, local)
+            return self._run_everywhere(method, call_id, local if runner is not None else None)
 
     def _run_everywhere(self, method: str, call_id: int, local: Callable[[], object] | None) -> object:
         """Run `local` (rank 0 here, if any), gather the workers' acks, apply the failure rule."""
