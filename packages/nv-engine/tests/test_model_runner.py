@@ -6,7 +6,7 @@ import torch
 
 from nv_kvcache import Scheduler, Sequence, StopRules
 
-from nv_engine.config import EngineConfig
+from nv_engine.engine_args import EngineArgs
 from nv_engine.step_builder import StepBuilder
 from nv_engine.runner.memory import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
 from nv_engine.runner.model_runner import ModelRunner
@@ -14,7 +14,8 @@ from nv_engine.runner.model_runner import ModelRunner
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir):
-    config = EngineConfig.create(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8, block_size=16)
+    config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
+                        block_size=16).create_engine_config()
     r = ModelRunner(config, 0)
     yield r
     r.shutdown()
