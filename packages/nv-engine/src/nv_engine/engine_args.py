@@ -17,8 +17,15 @@ from typing import Any
 
 import torch
 
-from nv_engine.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS,
-                              EngineConfig, resolve_device, resolve_dtype, resolve_max_model_len)
+from nv_engine.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    EngineConfig,
+    resolve_device,
+    resolve_dtype,
+    resolve_max_model_len,
+)
 from nv_engine.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -41,12 +48,12 @@ class EngineArgs:
     # ---- model and tokenizer -----------------------------------------------------------------
     tokenizer: str | None = _arg(None, "tokenizer directory or hub id (default: the model's)")
     tokenizer_mode: str = _arg("auto", "tokenizer implementation; only 'auto' (the HF fast tokenizer when "
-                               "there is one)", choices=["auto"])
+                               "there is one)")
     trust_remote_code: bool = _arg(False, "refused when on: nv never runs code from a checkpoint", type=bool)
     revision: str | None = _arg(None, "hub revision (branch, tag or commit) of the model")
     tokenizer_revision: str | None = _arg(None, "hub revision of --tokenizer when it is a hub id")
     download_dir: str | None = _arg(None, "where hub downloads go (default: the Hugging Face cache)")
-    hf_token: str | None = _arg(None, "Hugging Face token for hub downloads (default: the stored login)")
+    hf_token: bool | str | None = _arg(None, "Hugging Face token for hub downloads (default: the stored login)")
     dtype: str | torch.dtype = _arg("auto", "auto (the checkpoint's dtype on GPU, float32 on CPU), float32, "
                                     "bfloat16 or float16")
     quantization: str | None = _arg(None, "weight quantization; nv runs unquantized weights only (a .gguf "
@@ -94,7 +101,8 @@ class EngineArgs:
     max_seq_len_to_capture: int = _arg(8192, "accepted for compatibility; no effect (nv's CUDA graphs "
                                        "cover every length up to max_model_len)", type=int)
     attention_backend: str | None = _arg(None, "torch, triton or flash_attn (default: the fastest available)")
-    disable_log_stats: bool = _arg(False, "do not log engine statistics", type=bool)
+    disable_log_stats: bool = _arg(False, "accepted for compatibility; no effect yet (nv logs no "
+                                   "periodic engine statistics)", type=bool)
     # ---- features nv does not have -----------------------------------------------------------
     speculative_config: dict | None = _arg(None, "only unset: nv has no speculative decoding",
                                            type=json.loads)
@@ -150,7 +158,7 @@ class EngineArgs:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineArgs":
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
         """EngineArgs(model=model, **kwargs); an unknown keyword raises TypeError naming it and listing
         the accepted ones."""
         accepted = set(cls.field_names()) - {"model"}
@@ -180,7 +188,7 @@ class EngineArgs:
         return parser
 
     @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         """The EngineArgs of a namespace parsed by a parser that add_cli_arguments filled (and that
         has `model`)."""
         return cls(**{name: getattr(args, name) for name in cls.field_names()})
@@ -191,7 +199,7 @@ class EngineArgs:
         limits, and validate every setting (ValueError naming the field)."""
         from nv_engine.checkpoints.model_path import load_hf_config, resolve_model_path
 
-        hub = dict(cache_dir=self.download_dir, token=self.hf_token)
+        hub = {"cache_dir": self.download_dir, "token": self.hf_token}
         path = resolve_model_path(self.model, revision=self.revision, **hub)
         tokenizer = self.tokenizer
         if tokenizer is not None and not Path(tokenizer).expanduser().exists():
