@@ -104,7 +104,7 @@ class EngineArgs:
     disable_log_stats: bool = _arg(False, "accepted for compatibility; no effect yet (nv logs no "
                                    "periodic engine statistics)", type=bool)
     # ---- features nv does not have -----------------------------------------------------------
-    speculative_config: dict | None = _arg(None, "only unset: nv has no speculative decoding",
+    speculative_config: dict[str, Any] | None = _arg(None, "only unset: nv has no speculative decoding",
                                            type=json.loads)
     enable_lora: bool = _arg(False, "only off: nv has no LoRA adapters", type=bool)
     max_lora_rank: int = _arg(16, "accepted for compatibility; no effect (no LoRA)", type=int)
@@ -199,11 +199,12 @@ class EngineArgs:
         limits, and validate every setting (ValueError naming the field)."""
         from nv_engine.checkpoints.model_path import load_hf_config, resolve_model_path
 
-        hub = {"cache_dir": self.download_dir, "token": self.hf_token}
-        path = resolve_model_path(self.model, revision=self.revision, **hub)
+        path = resolve_model_path(self.model, revision=self.revision, cache_dir=self.download_dir,
+                                  token=self.hf_token)
         tokenizer = self.tokenizer
         if tokenizer is not None and not Path(tokenizer).expanduser().exists():
-            tokenizer = resolve_model_path(tokenizer, revision=self.tokenizer_revision, **hub)
+            tokenizer = resolve_model_path(tokenizer, revision=self.tokenizer_revision,
+                                           cache_dir=self.download_dir, token=self.hf_token)
         if hf_config is None:
             hf_config = load_hf_config(path)
         device = resolve_device(self.device)
