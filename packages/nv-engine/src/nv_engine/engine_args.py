@@ -105,7 +105,7 @@ class EngineArgs:
                                    "periodic engine statistics)", type=bool)
     # ---- features nv does not have -----------------------------------------------------------
     speculative_config: dict[str, Any] | None = _arg(None, "only unset: nv has no speculative decoding",
-                                           type=json.loads)
+                                                     type=json.loads)
     enable_lora: bool = _arg(False, "only off: nv has no LoRA adapters", type=bool)
     max_lora_rank: int = _arg(16, "accepted for compatibility; no effect (no LoRA)", type=int)
 
