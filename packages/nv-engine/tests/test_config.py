@@ -1,4 +1,4 @@
-"""EngineConfig, the architecture registry and model-path resolution."""
+"""EngineConfig (resolved from EngineArgs), the architecture registry and model-path resolution."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,12 +8,17 @@ import pytest
 import torch
 
 from nv_engine.checkpoints import registry
-from nv_engine.config import DEFAULT_BLOCK_SIZE, EngineConfig, resolve_dtype, resolve_max_model_len
+from nv_engine.config import DEFAULT_BLOCK_SIZE, resolve_dtype, resolve_max_model_len
+from nv_engine.engine_args import EngineArgs
 from nv_engine.checkpoints.model_path import resolve_model_path
 
 
+def create_config(model_dir, **kwargs):
+    return EngineArgs.from_kwargs(str(model_dir), **kwargs).create_engine_config()
+
+
 def test_defaults_come_from_the_checkpoint(tiny_model_dir):
-    config = EngineConfig.create(str(tiny_model_dir))
+    config = create_config(tiny_model_dir)
     assert config.model == str(tiny_model_dir.resolve())
     assert config.max_model_len == config.hf_config.max_position_embeddings == 2048
     assert config.dtype == torch.float32 and config.device == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -27,8 +32,8 @@ def test_defaults_come_from_the_checkpoint(tiny_model_dir):
 
 
 def test_max_model_len_is_capped_by_the_user_and_the_model(tiny_model_dir):
-    assert EngineConfig.create(str(tiny_model_dir), max_model_len=100).max_model_len == 100
-    assert EngineConfig.create(str(tiny_model_dir), max_model_len=10**6).max_model_len == 2048
+    assert create_config(tiny_model_dir, max_model_len=100).max_model_len == 100
+    assert create_config(tiny_model_dir, max_model_len=10**6).max_model_len == 2048
     with pytest.raises(ValueError, match="max_model_len"):
         resolve_max_model_len(0, object())
 
@@ -55,12 +60,12 @@ def test_dtype_auto_is_the_checkpoint_dtype_on_gpu_and_float32_on_cpu():
                                          ("seed", "x"), ("num_gpu_blocks_override", 0), ("device", "tpu")])
 def test_bad_values_raise_value_error(tiny_model_dir, field, value):
     with pytest.raises(ValueError, match=field):
-        EngineConfig.create(str(tiny_model_dir), **{field: value})
+        create_config(tiny_model_dir, **{field: value})
 
 
 def test_unknown_keyword_raises_type_error(tiny_model_dir):
     with pytest.raises(TypeError, match="frobnicate"):
-        EngineConfig.create(str(tiny_model_dir), frobnicate=True)
+        create_config(tiny_model_dir, frobnicate=True)
 
 
 def test_registry_builtins_and_unknown_architecture():

@@ -6,7 +6,7 @@ import torch
 
 from nv_kvcache import Scheduler, Sequence, StopRules
 
-from nv_engine.config import EngineConfig
+from nv_engine.engine_args import EngineArgs
 from nv_engine.sampling_batch import SamplingBatchBuilder
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step_builder import StepBuilder
@@ -16,7 +16,8 @@ from nv_engine.runner.model_runner import ModelRunner
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir):
-    config = EngineConfig.create(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8, block_size=16)
+    config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
+                        block_size=16).create_engine_config()
     r = ModelRunner(config, 0)
     yield r
     r.shutdown()
@@ -99,8 +100,8 @@ def test_emulated_decode_graphs_match_eager(tiny_model_dir):
     """Decode batches through the CUDA-graph layout (staged at fixed addresses, padded to the captured
     sizes with slot -1 / length 0 rows, context bound max_model_len) sample the same greedy ids, with
     the same logprobs, as eager steps."""
-    config = EngineConfig.create(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
-                                 block_size=16)
+    config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
+                        block_size=16).create_engine_config()
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate([5, 17, 33, 2, 40, 9, 21])]
     max_tokens = [4, 12, 7, 20, 3, 15, 9]
     eager_runner = ModelRunner(config, 0)

@@ -1,9 +1,9 @@
 """EngineConfig: every setting the engine, runner and workers need, resolved once (frozen, picklable)."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +26,8 @@ _DTYPE_NAMES: dict[str, torch.dtype] = {
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Resolved engine settings. Build it with `EngineConfig.create(model, **kwargs)`."""
+    """Resolved engine settings. Build it with `EngineArgs(model=..., ...).create_engine_config()`
+    (nv_engine.engine_args), which lists and documents every user-facing argument."""
 
     model: str                       # resolved local directory (or file, for GGUF)
     hf_config: Any                   # transformers.PretrainedConfig
@@ -45,37 +46,9 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None   # fixed KV-cache size in blocks (tests, debugging)
     tokenizer: str | None = None                 # tokenizer dir; None = the model dir
     async_scheduling: bool | None = None         # None: on when one rank runs the model
-
-    @classmethod
-    def create(cls, model: str, *, hf_config: Any = None, **kwargs: Any) -> "EngineConfig":
-        """Resolve `model` (local dir or hub id), read its HF config and validate every setting.
-
-        Unknown keyword arguments raise TypeError; bad values raise ValueError naming the field."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"model", "hf_config"}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise TypeError(f"unexpected keyword argument(s) {unknown}; accepted: {sorted(known)}")
-        from nv_engine.checkpoints.model_path import load_hf_config, resolve_model_path
-
-        path = resolve_model_path(model)
-        if hf_config is None:
-            hf_config = load_hf_config(path)
-        device = resolve_device(kwargs.pop("device", None))
-        dtype = resolve_dtype(kwargs.pop("dtype", "auto"), hf_config, device)
-        max_model_len = resolve_max_model_len(kwargs.pop("max_model_len", None), hf_config)
-        block_size = kwargs.pop("block_size", None)
-        max_num_seqs = kwargs.pop("max_num_seqs", None)
-        max_num_batched_tokens = kwargs.pop("max_num_batched_tokens", None)
-        config = cls(
-            model=path, hf_config=hf_config, device=device, dtype=dtype, max_model_len=max_model_len,
-            block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
-            max_num_seqs=DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs,
-            max_num_batched_tokens=(DEFAULT_MAX_NUM_BATCHED_TOKENS if max_num_batched_tokens is None
-                                    else max_num_batched_tokens),
-            **kwargs,
-        )
-        config.validate()
-        return config
+    generation_config: str = "auto"              # "auto" | "vllm" | a folder with generation_config.json
+    max_logprobs: int = 20                       # most logprobs a request may ask for
+    disable_log_stats: bool = False
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:
@@ -98,6 +71,27 @@ class EngineConfig:
             if self.tensor_parallel_size > available:
                 raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} but only "
                                  f"{available} CUDA device(s) are visible")
+
+    def default_sampling_params(self) -> dict[str, float | int]:
+        """Sampling defaults for requests that set none (vLLM's `get_diff_sampling_param`): with
+        generation_config "auto" the checkpoint's generation_config.json (a folder: its file) values of
+        temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens (as max_tokens) that
+        differ from transformers' defaults; {} for "vllm" or when there is no such file."""
+        if self.generation_config == "vllm":
+            return {}
+        from transformers import GenerationConfig
+
+        folder = self.model if self.generation_config == "auto" else self.generation_config
+        if not (Path(folder) / "generation_config.json").is_file():
+            return {}
+        try:
+            generation = GenerationConfig.from_pretrained(folder).to_diff_dict()
+        except Exception as exc:  # malformed file: the user's to fix, named here
+            raise ValueError(f"cannot read generation_config.json in {folder!r}: {exc}") from exc
+        names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                 "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+        return {ours: generation[theirs] for theirs, ours in names.items()
+                if generation.get(theirs) is not None}
 
     @property
     def is_cuda(self) -> bool:

@@ -6,31 +6,30 @@ import time
 from typing import Any
 
 from nv_engine.config import EngineConfig
+from nv_engine.engine_args import EngineArgs
 from nv_engine.llm_engine import LLMEngine
 from nv_engine.outputs import RequestOutput
 from nv_engine.sampling_params import SamplingParams
 
 
 class LLM:
-    """`LLM(model)` loads a model (a local HF directory, a .gguf file or a hub id) and serves
-    `generate` / `chat`. Unknown keyword arguments raise TypeError."""
+    """`LLM(model, **kwargs)` loads a model (a local HF directory, a .gguf file or a hub id) and serves
+    `generate` / `chat`. The keyword arguments are the fields of `nv_engine.engine_args.EngineArgs`
+    (vLLM's engine arguments: tensor_parallel_size, dtype, max_model_len, gpu_memory_utilization, ...);
+    an unknown one raises TypeError listing the accepted ones, an unsupported value ValueError."""
 
-    def __init__(self, model: str, *, tensor_parallel_size: int = 1, dtype: Any = "auto", seed: int = 0,
-                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 enable_prefix_caching: bool = True, enforce_eager: bool = False,
-                 block_size: int | None = None, attention_backend: str | None = None,
-                 device: str | None = None, num_gpu_blocks_override: int | None = None,
-                 tokenizer: str | None = None, async_scheduling: bool | None = None) -> None:
-        config = EngineConfig.create(
-            model, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
-            block_size=block_size, attention_backend=attention_backend, device=device,
-            num_gpu_blocks_override=num_gpu_blocks_override, tokenizer=tokenizer)
-        self.llm_engine = LLMEngine(config, stream_outputs=False, async_scheduling=async_scheduling)
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
+        self.llm_engine = LLMEngine(config, stream_outputs=False)
         self._request_ids = itertools.count()
+        self._default_sampling_fields: dict[str, float | int] | None = None   # read once
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The SamplingParams a request gets when it passes none: the checkpoint's generation config
+        defaults under generation_config="auto" (vLLM's behaviour), else SamplingParams()."""
+        if self._default_sampling_fields is None:
+            self._default_sampling_fields = self.config.default_sampling_params()
+        return SamplingParams(**self._default_sampling_fields)
 
     @property
     def config(self) -> EngineConfig:
@@ -46,7 +45,7 @@ class LLM:
         {"prompt_token_ids": [...]}); `sampling_params`: one for all, or one per prompt."""
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
-            params = [SamplingParams()] * len(prompts)
+            params = [self.get_default_sampling_params()] * len(prompts)
         elif isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:

@@ -24,6 +24,7 @@ from typing import Any
 from nv_kvcache import FinishReason, Scheduler, SchedulerOutput, Sequence
 
 from nv_engine.config import EngineConfig
+from nv_engine.engine_args import EngineArgs
 from nv_engine.detokenizer import IncrementalDetokenizer
 from nv_engine.engine_requests import Completion, Request, eos_token_ids, load_tokenizer, prompt_to_ids
 from nv_engine.step import PLACEHOLDER_TOKEN, StepResult
@@ -58,7 +59,7 @@ class LLMEngine:
         if config is None:
             if "model" not in kwargs:
                 raise TypeError("LLMEngine needs an EngineConfig or model=...")
-            config = EngineConfig.create(kwargs.pop("model"), **kwargs)
+            config = EngineArgs.from_kwargs(kwargs.pop("model"), **kwargs).create_engine_config()
         elif kwargs:
             raise TypeError(f"unexpected keyword argument(s) {sorted(kwargs)} next to an EngineConfig")
         from nv_engine.executor import create_executor
@@ -86,6 +87,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
         # None: on when one rank runs the model (other ranks would need the sampled ids too)
+        if async_scheduling is None:
+            async_scheduling = config.async_scheduling
         self.async_scheduling = (config.tensor_parallel_size == 1 if async_scheduling is None
                                  else bool(async_scheduling))
         self._inflight: _Launched | None = None
@@ -100,6 +103,8 @@ class LLMEngine:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} is more than max_logprobs={self.config.max_logprobs}")
         prompt_text, ids = prompt_to_ids(prompt, self.tokenizer, self.vocab_size)
         if len(ids) > self.config.max_model_len:
             raise ValueError(f"prompt of {len(ids)} tokens is longer than max_model_len="

@@ -13,10 +13,12 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def resolve_model_path(model: str | os.PathLike) -> str:
+def resolve_model_path(model: str | os.PathLike, *, revision: str | None = None, cache_dir: str | None = None,
+                       token: str | bool | None = None) -> str:
     """A local directory as an absolute path; a .gguf file (or a directory holding one) as its cached
     HF-format conversion (nv_engine.checkpoints.gguf); otherwise a hub id downloaded (or found in the HF cache)
-    with huggingface_hub. ValueError with the reason when neither works."""
+    with huggingface_hub (at `revision`, into `cache_dir`, with `token`: only used for hub ids).
+    ValueError with the reason when neither works."""
     if not isinstance(model, (str, os.PathLike)) or not str(model):
         raise ValueError(f"model must be a local directory or a hub id, got {model!r}")
     path = Path(model).expanduser()
@@ -35,8 +37,8 @@ def resolve_model_path(model: str | os.PathLike) -> str:
         raise ValueError(f"model {str(model)!r} is not a local directory and huggingface_hub is "
                          "not installed to fetch it") from exc
     try:
-        return snapshot_download(repo_id=str(model), allow_patterns=_HUB_PATTERNS,
-                                 local_files_only=_hub_offline())
+        return snapshot_download(repo_id=str(model), allow_patterns=_HUB_PATTERNS, revision=revision,
+                                 cache_dir=cache_dir, token=token, local_files_only=_hub_offline())
     except Exception as exc:  # offline, unknown repo, bad id, auth: all the user's to fix
         raise ValueError(f"model {str(model)!r} is not a local directory and could not be fetched "
                          f"from the Hugging Face hub ({type(exc).__name__}: {exc})") from exc

@@ -21,6 +21,9 @@ import torch
 
 from nv_kernels.jit_watch import TritonCompileWatch
 
+from nv_engine.engine_args import EngineArgs
+
+
 @dataclass
 class Workload:
     prompts: list[list[int]]
@@ -95,7 +98,9 @@ def floor_bytes(work: Workload, weight_bytes: int, kv_bytes_per_token: int, max_
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="HF checkpoint directory (or hub id)")
+    """The workload flags plus every engine argument (EngineArgs); max_model_len defaults to the
+    workload's 4096."""
+    p.add_argument("--model", help="HF checkpoint directory, .gguf file or hub id")
     p.add_argument("--random-weights", action="store_true", help="write a random checkpoint of --shape")
     p.add_argument("--shape", default="qwen3-0.6b", help="random checkpoint shape: qwen3-0.6b or tiny")
     p.add_argument("--num-prompts", type=int, default=256)
@@ -103,20 +108,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-input-len", type=int, default=1024)
     p.add_argument("--min-output-len", type=int, default=100)
     p.add_argument("--max-output-len", type=int, default=1024)
-    p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--device", default=None)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--attention-backend", default=None)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--json", dest="json_path", help="also write the results as JSON here")
+    EngineArgs.add_cli_arguments(p)
+    p.set_defaults(max_model_len=4096)
 
 
 def warm_up(llm, args: argparse.Namespace, max_token_id: int) -> None:
@@ -160,12 +156,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
     bandwidth = copy_bandwidth(device)      # before the KV cache takes the memory
-    llm = LLM(model, tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype,
-              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
-              attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-              enable_prefix_caching=not args.no_prefix_caching, device=args.device)
+    llm = LLM(model, **{name: getattr(args, name) for name in EngineArgs.field_names() if name != "model"})
     config = llm.config
     hf = config.hf_config
     work = make_workload(args.num_prompts, (args.min_input_len, args.max_input_len),

@@ -1,9 +1,14 @@
-"""The `nv` command: `nv generate`, `nv bench`, and `nv serve` (from nv_engine.entrypoints.server, when installed)."""
+"""The `nv` command: `nv generate`, `nv bench throughput` (`nv bench` for short), and `nv serve` (from
+nv_engine.entrypoints.server, when installed). Every command takes the engine arguments of
+nv_engine.engine_args.EngineArgs as flags, spelled the same everywhere."""
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+
+from nv_engine.__about__ import __version__
+from nv_engine.engine_args import EngineArgs
 
 
 def _add_generate_parser(subparsers) -> None:
@@ -18,16 +23,13 @@ def _add_generate_parser(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--sampling-seed", type=int, default=None,
+                   help="seed of the sampling noise (--seed is the engine seed)")
     p.add_argument("--random-weights", action="store_true",
                    help="without --model: use a small random-weight Qwen3 instead of SmolLM2")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap each prompt in the chat template (default: on for the default SmolLM2 model)")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--device", default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--enforce-eager", action="store_true")
+    EngineArgs.add_cli_arguments(p)
     p.set_defaults(func=run_generate)
 
 
@@ -63,12 +65,13 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         model = random_model() if args.random_weights else default_model()
     chat = args.chat if args.chat is not None else not (args.model or args.random_weights)
-    # one batch of len(prompts) sequences: a KV cache (CPU) and graph set (GPU) sized for it start faster
-    llm = LLM(model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
-              max_num_seqs=min(len(args.prompts), 256))
+    engine_kwargs = {name: getattr(args, name) for name in EngineArgs.field_names() if name != "model"}
+    if engine_kwargs["max_num_seqs"] is None:
+        # one batch of len(prompts) sequences: a KV cache (CPU) and graph set (GPU) sized for it start faster
+        engine_kwargs["max_num_seqs"] = min(len(args.prompts), 256)
+    llm = LLM(model, **engine_kwargs)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
+                            top_k=args.top_k, seed=args.sampling_seed)
     if chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
     else:
@@ -90,12 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     from nv_engine.entrypoints.bench import add_bench_arguments
 
     parser = argparse.ArgumentParser(prog="nv", description="nv: a small, fast LLM inference engine")
+    parser.add_argument("--version", action="version", version=f"nv {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="logging level (INFO shows engine setup)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate_parser(subparsers)
-    bench = subparsers.add_parser("bench", help="run the headline throughput benchmark (BENCHMARK.md)")
-    add_bench_arguments(bench)
-    bench.set_defaults(func=run_bench_command)
+    bench = subparsers.add_parser("bench", help="benchmarks: `nv bench throughput` (or just `nv bench`)",
+                                  description="`nv bench ARGS` is short for `nv bench throughput ARGS`.")
+    benchmarks = bench.add_subparsers(dest="bench_command", required=True)
+    throughput = benchmarks.add_parser("throughput", help="the headline throughput benchmark (BENCHMARKS.md)")
+    add_bench_arguments(throughput)
+    throughput.set_defaults(func=run_bench_command)
     try:
         from nv_engine.entrypoints.server.cli import add_serve_parser
     except ImportError:   # the serve extra (fastapi, uvicorn) is not installed
@@ -105,9 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BENCH_COMMANDS = ("throughput",)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """build_parser().parse_args, with `nv bench ARGS` read as `nv bench throughput ARGS`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    at = 0       # the command: the first word after the top-level options
+    while at < len(argv) and argv[at].startswith("-"):
+        at += 2 if argv[at] == "--log-level" else 1
+    if at < len(argv) and argv[at] == "bench":
+        at += 1
+        if at == len(argv) or argv[at] not in (*BENCH_COMMANDS, "-h", "--help"):
+            argv.insert(at, "throughput")
+    return build_parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

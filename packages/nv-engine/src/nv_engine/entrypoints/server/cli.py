@@ -7,33 +7,9 @@ import logging
 import os
 from typing import Any
 
+from nv_engine.engine_args import EngineArgs
+
 logger = logging.getLogger("nv_engine.entrypoints.server")
-
-# argparse dest -> EngineConfig.create keyword (only those the user set are passed on)
-_ENGINE_ARGS = ("tensor_parallel_size", "dtype", "device", "seed", "max_model_len", "max_num_seqs",
-                "max_num_batched_tokens", "block_size", "enable_prefix_caching",
-                "gpu_memory_utilization", "enforce_eager", "attention_backend",
-                "num_gpu_blocks_override", "tokenizer")
-
-
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
-    g.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
-    g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None)
-    g.add_argument("--block-size", type=int, default=None)
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--gpu-memory-utilization", type=float, default=None)
-    g.add_argument("--enforce-eager", action="store_true", default=None,
-                   help="no CUDA graphs")
-    g.add_argument("--attention-backend", default=None, help="torch, triton or flash_attn")
-    g.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                   help="fixed KV-cache size in blocks")
-    g.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +23,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-n", type=int, default=128, help="largest `n` a request may ask for")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
-    add_engine_arguments(p)
+    EngineArgs.add_cli_arguments(p)
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -60,15 +36,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in _ENGINE_ARGS if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in EngineArgs.field_names() if name != "model"}
 
 
 def create_engine(model: str, **kwargs: Any) -> Any:
-    """An LLMEngine for `model` with EngineConfig keywords."""
-    from nv_engine.config import EngineConfig
+    """An LLMEngine for `model` with EngineArgs keywords."""
     from nv_engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig.create(model, **kwargs))
+    return LLMEngine(EngineArgs.from_kwargs(model, **kwargs).create_engine_config())
 
 
 def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
