@@ -5,7 +5,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -29,6 +29,14 @@ class SamplingRequest(BaseModel):
     are checked against request_fields.REQUEST_FIELDS (accepted at their defaults, else a 400)."""
 
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """A declared field sent as null takes its default (OpenAI SDKs and proxies send nulls)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
 
     model: str | None = None
     n: int = 1
