@@ -16,7 +16,8 @@ httpx = pytest.importorskip("httpx")
 from openai.types import completion_create_params  # noqa: E402
 from openai.types.chat import completion_create_params as chat_create_params  # noqa: E402
 
-from nv_engine.entrypoints.server.cli import build_app_for_engine, create_engine  # noqa: E402
+from nv_engine.entrypoints.server.cli import (build_app_for_engine, create_engine,  # noqa: E402
+                                              load_chat_template)
 from nv_engine.entrypoints.server.request_fields import REQUEST_FIELDS, Treatment  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
 
@@ -224,6 +225,9 @@ def test_tokenize_detokenize_version_ping(http, server):
     expected = tok.encode(tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True),
                           add_special_tokens=False)
     assert r.status_code == 200 and r.json()["tokens"] == expected, r.text
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    r = http.post("/tokenize", json={"messages": CHAT, "chat_template": template})
+    assert r.json()["tokens"] == tok.encode(CHAT[0]["content"], add_special_tokens=False)
     r = http.post("/detokenize", json={"model": MODEL, "tokens": body["tokens"]})
     assert r.status_code == 200 and r.json() == {"prompt": tok.decode(body["tokens"])}
     assert r.json()["prompt"] == PROMPT
@@ -264,3 +268,13 @@ def test_cached_tokens_on_a_repeated_prompt(client):
     client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2)
     again = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2)
     assert again.usage.prompt_tokens_details.cached_tokens >= 32
+
+
+def test_chat_template_flag_takes_a_file_or_a_template(tmp_path):
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    assert load_chat_template(str(path)) == template == load_chat_template(template)
+    assert load_chat_template(None) is None
+    with pytest.raises(SystemExit, match="chat-template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))

@@ -79,3 +79,10 @@ def test_bad_ids_are_a_value_error_and_the_engine_goes_on(llm, baseline):
     with pytest.raises(ValueError, match="allowed_token_ids"):
         llm.generate(PROMPTS[0], greedy(allowed_token_ids=[vocab + 5]), use_tqdm=False)
     assert tokens(llm, greedy(), PROMPTS[:1]) == baseline[:1]
+
+
+def test_chat_template_kwargs_reach_the_template(llm):
+    template = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    out = llm.chat([{"role": "user", "content": "hello"}], greedy(max_tokens=1), use_tqdm=False,
+                   chat_template=template, chat_template_kwargs={"greeting": "Hi, "})
+    assert out[0].prompt == "Hi, hello"
