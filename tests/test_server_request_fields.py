@@ -13,13 +13,15 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-from openai.types import completion_create_params  # noqa: E402
-from openai.types.chat import completion_create_params as chat_create_params  # noqa: E402
-
-from nv_engine.entrypoints.server.cli import (build_app_for_engine, create_engine,  # noqa: E402
-                                              load_chat_template)
+from nv_engine.entrypoints.server.cli import (  # noqa: E402
+    build_app_for_engine,
+    create_engine,
+    load_chat_template,
+)
 from nv_engine.entrypoints.server.request_fields import REQUEST_FIELDS, Treatment  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
+from openai.types import completion_create_params  # noqa: E402
+from openai.types.chat import completion_create_params as chat_create_params  # noqa: E402
 
 MODEL = "tiny"
 ORIGIN = "https://app.example"
@@ -72,22 +74,22 @@ def openai_fields(endpoint: str) -> list[str]:
 
 
 # OpenAI's defaults of the fields that have one (others default to null)
-DEFAULTS = dict(n=1, echo=False, best_of=1, frequency_penalty=0, presence_penalty=0, temperature=1,
-                top_p=1, stream=False, logit_bias={}, stop=[], user="someone", store=False,
-                parallel_tool_calls=True, tool_choice="none", function_call="none", tools=[],
-                functions=[], response_format={"type": "text"}, modalities=["text"],
-                service_tier="auto", metadata={}, suffix="", model=MODEL)
+DEFAULTS = {"n": 1, "echo": False, "best_of": 1, "frequency_penalty": 0, "presence_penalty": 0, "temperature": 1,
+                "top_p": 1, "stream": False, "logit_bias": {}, "stop": [], "user": "someone", "store": False,
+                "parallel_tool_calls": True, "tool_choice": "none", "function_call": "none", "tools": [],
+                "functions": [], "response_format": {"type": "text"}, "modalities": ["text"],
+                "service_tier": "auto", "metadata": {}, "suffix": "", "model": MODEL}
 # Non-default values of the fields nv does not implement (each must be a 400 naming the field) ...
-REFUSED = dict(best_of=3, suffix=" the end", audio={"voice": "alloy", "format": "wav"},
-               function_call="auto", functions=[{"name": "f", "parameters": {}}],
-               modalities=["text", "audio"], moderation={"model": "m"}, parallel_tool_calls=False,
-               prediction={"type": "content", "content": "x"}, prompt_cache_options={"ttl": 5},
-               prompt_cache_retention="24h", reasoning_effort="low",
-               response_format={"type": "json_object"}, service_tier="flex", store=True,
-               tool_choice="auto", tools=[{"type": "function", "function": {"name": "f"}}],
-               verbosity="low", web_search_options={})
+REFUSED = {"best_of": 3, "suffix": " the end", "audio": {"voice": "alloy", "format": "wav"},
+               "function_call": "auto", "functions": [{"name": "f", "parameters": {}}],
+               "modalities": ["text", "audio"], "moderation": {"model": "m"}, "parallel_tool_calls": False,
+               "prediction": {"type": "content", "content": "x"}, "prompt_cache_options": {"ttl": 5},
+               "prompt_cache_retention": "24h", "reasoning_effort": "low",
+               "response_format": {"type": "json_object"}, "service_tier": "flex", "store": True,
+               "tool_choice": "auto", "tools": [{"type": "function", "function": {"name": "f"}}],
+               "verbosity": "low", "web_search_options": {}}
 # ... and of the ones it ignores (bookkeeping for the caller)
-IGNORED = dict(user="someone", metadata={"k": "v"}, prompt_cache_key="key", safety_identifier="id")
+IGNORED = {"user": "someone", "metadata": {"k": "v"}, "prompt_cache_key": "key", "safety_identifier": "id"}
 
 
 def honoured_cases(endpoint: str, server, post) -> dict[str, tuple[dict, typing.Callable]]:

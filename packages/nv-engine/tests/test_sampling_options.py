@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from nv_engine import LLM, SamplingParams
 
 PROMPTS = ["The quick brown fox", "Hello, world! How are", "1 2 3 4"]

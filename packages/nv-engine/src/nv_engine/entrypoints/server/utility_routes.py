@@ -1,15 +1,20 @@
 """/tokenize, /detokenize, /version and /ping (vLLM's shapes), as one router."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Response, params
 from fastapi.responses import JSONResponse
 
 from nv_engine.__about__ import __version__
 from nv_engine.entrypoints.server.chat import render_chat_prompt
 from nv_engine.entrypoints.server.completions import prompt_token_ids
 from nv_engine.entrypoints.server.errors import APIError
-from nv_engine.entrypoints.server.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
-                                                   TokenizeResponse, VersionResponse)
+from nv_engine.entrypoints.server.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
 from nv_engine.entrypoints.server.serving import ServerState
 
 
@@ -17,7 +22,7 @@ class UtilityRoutes:
     """The server's non-generating routes; `router` carries them (the API key check is the
     caller's: pass it as a router dependency)."""
 
-    def __init__(self, state: ServerState, dependencies: list | None = None) -> None:
+    def __init__(self, state: ServerState, dependencies: list[params.Depends] | None = None) -> None:
         self.state = state
         self.router = APIRouter(dependencies=dependencies or [])
         self.router.add_api_route("/tokenize", self.tokenize, methods=["POST"])
