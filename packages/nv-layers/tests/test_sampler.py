@@ -223,6 +223,23 @@ def test_banned_ids_are_never_sampled():
     assert 3 not in Sampler()(logits.expand(200, -1), t).token_ids.tolist()
 
 
+def test_allowed_ids_and_logit_bias_per_row():
+    vocab = 10
+    logits = torch.arange(vocab, dtype=torch.float32).expand(4, -1).contiguous()  # argmax 9
+    allowed = torch.tensor([[2, 5], [vocab, vocab], [1, vocab], [vocab, vocab]])  # rows 1, 3: no limit
+    bias_ids = torch.tensor([[5, vocab], [0, vocab], [vocab, vocab], [0, 9]])
+    bias = torch.tensor([[-100.0, 0.0], [100.0, 0.0], [0.0, 0.0], [20.0, -20.0]])
+    for temperature in (0.0, [0.0, 1.0, 0.7, 0.0]):
+        t = make_tensors(4, temperature=temperature, allowed_token_ids=allowed,
+                         logit_bias_ids=bias_ids, logit_bias_values=bias)
+        out = Sampler()(logits, t).token_ids.tolist()
+        # row 0: only 2 / 5 and 5 pushed down; row 1: 0 pushed up; row 2: only 1; row 3: 0 (+20) > 8
+        assert out == [2, 0, 1, 0], (temperature, out)
+    # sampling keeps to the allowed ids
+    t = make_tensors(200, allowed_token_ids=torch.tensor([[3, 7]]).expand(200, -1))
+    assert set(Sampler()(torch.zeros(200, vocab), t).token_ids.tolist()) == {3, 7}
+
+
 def test_logprobs_are_raw_log_softmax_with_ranks():
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(6, 100, generator=gen)

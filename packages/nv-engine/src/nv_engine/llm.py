@@ -87,7 +87,8 @@ class LLM:
     # ---- chat --------------------------------------------------------------------------------
     def chat(self, messages: list, sampling_params: SamplingParams | list[SamplingParams] | None = None,
              *, use_tqdm: bool = True, add_generation_prompt: bool = True,
-             chat_template: str | None = None) -> list[RequestOutput]:
+             chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None
+             ) -> list[RequestOutput]:
         """`messages`: one conversation (a list of {"role", "content"} dicts) or a list of them;
         each is rendered with the tokenizer's chat template and generated like a prompt."""
         tokenizer = self.get_tokenizer()
@@ -99,7 +100,7 @@ class LLM:
             try:
                 text = tokenizer.apply_chat_template(
                     conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                    chat_template=chat_template)
+                    chat_template=chat_template, **(chat_template_kwargs or {}))
             except Exception as exc:
                 raise ValueError(f"cannot apply the chat template: {exc}") from exc
             ids = tokenizer.encode(text, add_special_tokens=False)

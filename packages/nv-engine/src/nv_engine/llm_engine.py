@@ -110,12 +110,13 @@ class LLMEngine:
             raise ValueError(f"prompt of {len(ids)} tokens is longer than max_model_len="
                              f"{self.config.max_model_len}")
         params = params.clone()
+        params.prepare_for_model(self.vocab_size, self.tokenizer)
         rules = params.stop_rules(self.eos_token_ids, max_model_len=self.config.max_model_len,
                                   prompt_len=len(ids))
         request = Request(request_id, prompt_text, ids, params, rules)
         self.scheduler.add(self._new_sequence(request))   # may raise ValueError: nothing kept yet
         self.requests[request_id] = request
-        self._num_penalty_requests += params.has_penalties
+        self._num_penalty_requests += params.needs_output_token_ids
         if params.n > 1 and not self.config.enable_prefix_caching:
             self.add_siblings(request)                     # nothing to share: batch them at once
 
@@ -144,7 +145,7 @@ class LLMEngine:
             self.scheduler.add(self._new_sequence(request))
 
     def on_request_finished(self, request: Request) -> None:
-        self._num_penalty_requests -= request.params.has_penalties
+        self._num_penalty_requests -= request.params.needs_output_token_ids
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Abort requests (unknown or finished ids are ignored); their blocks are freed."""

@@ -40,10 +40,11 @@ class _StaticPart:
     """What depends only on the rows' SamplingParams (cached across steps)."""
 
     static_id: int
-    arrays: dict[str, np.ndarray]  # name -> [S] array (temperatures, top_k, ..., penalties)
+    arrays: dict[str, np.ndarray]  # name -> [S] or [S, L] array (temperatures, ..., logit bias)
     flags: dict[str, Any]  # SamplingTensors' Python-side fields
     logprob_counts: list[int | None]  # per row: SamplingParams.logprobs
     min_token_rows: list[tuple[int, int, list[int]]]  # (row, min_tokens, ids banned until then)
+    bad_word_rows: list[int]  # rows with bad_words (bans follow the output)
     rep_rows: list[int]  # rows with repetition_penalty != 1 (need prompt ids)
     pen_rows: list[int]  # rows with any penalty (need output ids)
 
@@ -90,20 +91,23 @@ class SamplingBatchBuilder:
         batch = SamplingBatch(static.static_id, static.arrays, static.flags,
                               np.array((seeds, positions), dtype=np.int64), static.logprob_counts)
         num_rows, pad = len(params), self.vocab_size
+        if (static.pen_rows or static.bad_word_rows) and len(columns) < 5:
+            raise ValueError("penalties and bad_words need each row's prompt and output token ids")
         if static.pen_rows:
-            if len(columns) < 5:
-                raise ValueError("penalties need each row's prompt and output token ids")
             batch.output_token_ids = _padded(columns[4], static.pen_rows, num_rows, pad)
             if static.rep_rows:
                 batch.prompt_token_ids = _padded(columns[3], static.rep_rows, num_rows, pad)
-        if static.min_token_rows:
-            active = [(row, ids) for row, min_tokens, ids in static.min_token_rows
-                      if positions[row] < min_tokens]
-            if active:
-                banned = [None] * num_rows
-                for row, ids in active:
-                    banned[row] = ids
-                batch.banned_token_ids = _padded(banned, [r for r, _ in active], num_rows, pad)
+        banned: dict[int, list[int]] = {}
+        for row, min_tokens, ids in static.min_token_rows:
+            if positions[row] < min_tokens:
+                banned[row] = list(ids)
+        for row in static.bad_word_rows:
+            ids = params[row].banned_by_bad_words(columns[4][row] or ())
+            if ids:
+                banned.setdefault(row, []).extend(ids)
+        if banned:
+            lists = [banned.get(row) for row in range(num_rows)]
+            batch.banned_token_ids = _padded(lists, sorted(banned), num_rows, pad)
         return batch
 
     def _build_static(self, params: Sequence[SamplingParams]) -> _StaticPart:
@@ -121,6 +125,18 @@ class SamplingBatchBuilder:
             values = np.array([getattr(p, attr) for p in params], np.float32)
             if (values != off).any():
                 arrays[name] = values
+        allowed = [p.allowed_token_ids for p in params]
+        allowed_rows = [i for i, ids in enumerate(allowed) if ids]
+        if allowed_rows:
+            arrays["allowed_token_ids"] = _padded(allowed, allowed_rows, len(params), vocab)
+        bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
+        if bias_rows:
+            bias_ids = [list(p.logit_bias) if p.logit_bias else None for p in params]
+            arrays["logit_bias_ids"] = _padded(bias_ids, bias_rows, len(params), vocab)
+            values = np.zeros(arrays["logit_bias_ids"].shape, np.float32)
+            for i in bias_rows:
+                values[i, :len(params[i].logit_bias)] = list(params[i].logit_bias.values())
+            arrays["logit_bias_values"] = values
         counts = [p.logprobs for p in params]
         all_greedy = all(greedy)
         flags = dict(
@@ -139,7 +155,9 @@ class SamplingBatchBuilder:
                     min_rows.append((row, p.min_tokens, ids))
         rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
-        return _StaticPart(next(_static_ids), arrays, flags, counts, min_rows, rep_rows, pen_rows)
+        bad_word_rows = [i for i, p in enumerate(params) if p.bad_words_token_ids]
+        return _StaticPart(next(_static_ids), arrays, flags, counts, min_rows, bad_word_rows, rep_rows,
+                           pen_rows)
 
 
 class SampleResult(NamedTuple):

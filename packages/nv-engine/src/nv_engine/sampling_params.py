@@ -4,14 +4,22 @@ from __future__ import annotations
 import copy
 import enum
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from nv_kvcache import StopRules
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0   # OpenAI's bound on |bias|
+
+
+class Tokenizer(Protocol):
+    """What bad_words needs from a tokenizer (a transformers tokenizer fits)."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
 class SamplingType(enum.IntEnum):
@@ -35,6 +43,10 @@ class SamplingParams:
     `stop` and `stop_token_ids` become lists (empty when unset); temperature 0 is greedy; top_k 0
     or -1 is off; max_tokens None means up to max_model_len;
     logprobs None returns none, k >= 0 returns the chosen token's plus the top k per token.
+    logit_bias {token id: bias in [-100, 100]} is added to the logits before sampling (greedy
+    included); allowed_token_ids limits sampling to those ids; bad_words are strings whose token
+    sequences never complete (the last token is banned when the output ends with the others).
+    Token ids are checked against the model, and bad_words tokenized, by `prepare_for_model`.
     """
 
     n: int = 1
@@ -54,11 +66,17 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # bad_words as token sequences, set by prepare_for_model
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._check_ints()
         self._check_floats()
         self._check_stops()
+        self._check_token_constraints()
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
@@ -125,6 +143,76 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative ints, got {ids!r}")
         self.stop_token_ids = ids
 
+    def _check_token_constraints(self) -> None:
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+            checked: dict[int, float] = {}
+            for token, value in bias.items():
+                if not _is_int(token) or token < 0:
+                    raise ValueError(f"logit_bias keys must be non-negative token ids, got {token!r}")
+                if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                    raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} "
+                                     f"for token {token}")
+                checked[token] = float(value)
+            self.logit_bias = checked or None
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Iterable):
+                raise ValueError(f"allowed_token_ids must be a list of ints, got {allowed!r}")
+            allowed = list(allowed)
+            if not allowed:
+                raise ValueError("allowed_token_ids must not be empty")
+            if not all(_is_int(i) and i >= 0 for i in allowed):
+                raise ValueError(f"allowed_token_ids must be non-negative ints, got {allowed!r}")
+            self.allowed_token_ids = allowed
+        words = self.bad_words
+        if words is not None:
+            if isinstance(words, str) or not isinstance(words, Iterable):
+                raise ValueError(f"bad_words must be a list of strings, got {words!r}")
+            words = list(words)
+            if not all(isinstance(w, str) and w.strip() for w in words):
+                raise ValueError(f"bad_words must be non-empty strings, got {words!r}")
+            self.bad_words = words or None
+
+    def prepare_for_model(self, vocab_size: int, tokenizer: Tokenizer | None) -> None:
+        """Check token ids against the model's vocabulary and tokenize bad_words (ValueError naming
+        the field otherwise). The engine calls it on its own copy when the request is added."""
+        for name, ids in (("logit_bias", self.logit_bias or {}),
+                          ("allowed_token_ids", self.allowed_token_ids or ())):
+            out_of_range = sorted(i for i in ids if i >= vocab_size)
+            if out_of_range:
+                raise ValueError(f"{name} has token ids outside the vocabulary (size {vocab_size}): "
+                                 f"{out_of_range[:8]}")
+        self.bad_words_token_ids = []
+        if not self.bad_words:
+            return
+        if tokenizer is None:
+            raise ValueError("bad_words needs a tokenizer; this model has none")
+        # As vLLM: each word alone and after a space (mid-text form), the latter kept only when it
+        # tokenizes to as many tokens as the former with a different first token.
+        for word in self.bad_words:
+            alone = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            for ids in (alone, spaced):
+                if ids and ids not in self.bad_words_token_ids and (
+                        ids is alone or (len(ids) == len(alone) and ids[0] != alone[0])):
+                    if any(not 0 <= i < vocab_size for i in ids):
+                        raise ValueError(f"bad_words: {word!r} tokenizes outside the vocabulary")
+                    self.bad_words_token_ids.append(ids)
+
+    def banned_by_bad_words(self, output_token_ids: Sequence[int]) -> list[int]:
+        """Tokens bad_words forbid next: the last token of each bad sequence whose other tokens
+        end the output (single-token words always)."""
+        banned = []
+        for ids in self.bad_words_token_ids:
+            prefix = ids[:-1]
+            if not prefix or (len(output_token_ids) >= len(prefix)
+                              and list(output_token_ids[len(output_token_ids) - len(prefix):]) == prefix):
+                banned.append(ids[-1])
+        return banned
+
     # --- derived views -------------------------------------------------------------------------
     @property
     def is_greedy(self) -> bool:
@@ -145,6 +233,11 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @property
+    def needs_output_token_ids(self) -> bool:
+        """The sampler reads the output so far (penalties, bad words): no step may run ahead."""
+        return self.has_penalties or bool(self.bad_words)
 
     def clone(self) -> SamplingParams:
         """A deep copy; the engine keeps one per request so later edits by the caller are not seen."""

@@ -1,6 +1,7 @@
 """Token sampling on the device, with no host sync.
 
-Per row: penalties (vLLM's presence / frequency / repetition), banned ids (min_tokens), then greedy
+Per row: allowed ids, banned ids (min_tokens, bad words) and logit bias, then penalties (vLLM's
+presence / frequency / repetition), then greedy
 rows (temperature 0) take the argmax; the others are scaled by temperature, filtered by min-p, then
 top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1), done in log space as
 argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a
@@ -49,7 +50,10 @@ class SamplingTensors:
     repetition_penalties: Tensor | None = None  # [S] float32; 1 = off
     prompt_token_ids: Tensor | None = None  # [S, Lp] int64, padded with V (repetition penalty)
     output_token_ids: Tensor | None = None  # [S, Lo] int64, padded with V (all penalties)
-    banned_token_ids: Tensor | None = None  # [S, Lb] int64, padded with V; set to -inf (min_tokens)
+    banned_token_ids: Tensor | None = None  # [S, Lb] int64, padded with V; -inf (min_tokens, bad words)
+    allowed_token_ids: Tensor | None = None  # [S, La] int64, padded with V; the rest -inf (all pad: no limit)
+    logit_bias_ids: Tensor | None = None  # [S, Lg] int64, padded with V ...
+    logit_bias_values: Tensor | None = None  # [S, Lg] float32 ... added to those logits (0 on padding)
     # Python-side flags; the defaults are the safe (do every stage) choice.
     all_greedy: bool = False
     any_greedy: bool = True
@@ -57,6 +61,12 @@ class SamplingTensors:
     any_top_p: bool = True
     any_min_p: bool = True
     max_top_k: int | None = None  # largest active top_k in the batch (None: unknown, sort instead)
+
+    @property
+    def any_logits_processing(self) -> bool:
+        """Anything that edits the logits before penalties (allowed ids, bans, logit bias)."""
+        return (self.allowed_token_ids is not None or self.banned_token_ids is not None
+                or self.logit_bias_ids is not None)
 
     @property
     def any_penalties(self) -> bool:
@@ -119,6 +129,23 @@ def _id_mask(ids: Tensor, vocab_size: int) -> Tensor:
     mask = torch.zeros(ids.shape[0], vocab_size + 1, dtype=torch.bool, device=ids.device)
     mask.scatter_(1, ids, True)
     return mask[:, :vocab_size]
+
+
+def apply_token_constraints(logits: Tensor, t: SamplingTensors) -> Tensor:
+    """Allowed ids (rows with a list keep only those), banned ids (-inf) and logit bias (added),
+    in vLLM's order, before penalties and temperature. Returns a new tensor."""
+    num_rows, vocab = logits.shape
+    if t.allowed_token_ids is not None:
+        allowed = _id_mask(t.allowed_token_ids, vocab)  # [S, V]
+        limited = allowed.any(dim=-1, keepdim=True)  # [S, 1]; rows without a list keep all ids
+        logits = logits.masked_fill(limited & ~allowed, float("-inf"))
+    if t.banned_token_ids is not None:
+        logits = logits.masked_fill(_id_mask(t.banned_token_ids, vocab), float("-inf"))
+    if t.logit_bias_ids is not None and t.logit_bias_values is not None:
+        bias = torch.zeros(num_rows, vocab + 1, dtype=logits.dtype, device=logits.device)
+        bias.scatter_add_(1, t.logit_bias_ids, t.logit_bias_values.to(logits.dtype))
+        logits = logits + bias[:, :vocab]
+    return logits
 
 
 def apply_penalties(logits: Tensor, t: SamplingTensors) -> Tensor:
@@ -204,7 +231,7 @@ def _load_fused_module() -> ModuleType | None:
 def fast_path_applies(t: SamplingTensors) -> bool:
     """True when a step needs nothing but temperature (or greedy) sampling: no penalties, bans,
     filters or logprobs. Then the fused kernel reads the logits once, in their own dtype."""
-    if t.any_penalties or t.banned_token_ids is not None or t.need_logprobs or t.num_logprobs > 0:
+    if t.any_penalties or t.any_logits_processing or t.need_logprobs or t.num_logprobs > 0:
         return False
     return t.all_greedy or not (t.any_top_k or t.any_top_p or t.any_min_p)
 
@@ -250,11 +277,10 @@ class Sampler(nn.Module):
         if logits.dtype != torch.float32:
             logits = logits.float()
         raw = logits
-        vocab = logits.shape[1]
+        if t.any_logits_processing:
+            logits = apply_token_constraints(logits, t)
         if t.any_penalties:
             logits = apply_penalties(logits, t)
-        if t.banned_token_ids is not None:
-            logits = logits.masked_fill(_id_mask(t.banned_token_ids, vocab), float("-inf"))
         if t.all_greedy:
             token_ids = logits.argmax(dim=-1)
         else:

@@ -1,4 +1,5 @@
-"""The FastAPI app of `nv serve`: OpenAI routes, /health, /metrics."""
+"""The FastAPI app of `nv serve`: OpenAI routes, /health, /metrics, /tokenize, /detokenize, /version,
+/ping; CORS."""
 from __future__ import annotations
 
 import secrets
@@ -6,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from nv_engine.entrypoints.server.chat import create_chat_completion
@@ -13,23 +15,28 @@ from nv_engine.entrypoints.server.completions import create_completion
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
 from nv_engine.entrypoints.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from nv_engine.entrypoints.server.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard,
+                                                   ModelList)
 from nv_engine.entrypoints.server.serving import ServerState
+from nv_engine.entrypoints.server.utility_routes import UtilityRoutes
 
 
 def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model_path: str,
                 max_model_len: int, served_model_names: list[str] | None = None,
-                api_key: str | None = None, max_n: int = 128) -> ServerState:
+                api_key: str | None = None, max_n: int = 128,
+                chat_template: str | None = None) -> ServerState:
     """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests)."""
     names = served_model_names or [model_path]
     metrics = ServerMetrics(names[0])
     return ServerState(engine=AsyncEngine(engine, metrics), tokenizer=tokenizer,
                        sampling_params_cls=sampling_params_cls, served_model_names=names,
                        model_path=model_path, max_model_len=max_model_len, max_n=max_n,
-                       metrics=metrics, api_key=api_key)
+                       metrics=metrics, api_key=api_key, chat_template=chat_template)
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_path: str = "") -> FastAPI:
+    """`cors`: CORSMiddleware's keywords (allow_origins, allow_methods, allow_headers,
+    allow_credentials), None for no CORS headers; `root_path`: the path prefix a proxy adds."""
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
@@ -38,7 +45,9 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             state.engine.shutdown()
 
-    app = FastAPI(title="nv", lifespan=lifespan)
+    app = FastAPI(title="nv", lifespan=lifespan, root_path=root_path)
+    if cors is not None:
+        app.add_middleware(CORSMiddleware, **cors)
     app.state.nv = state
     install_error_handlers(app)
 
@@ -68,6 +77,7 @@ def create_app(state: ServerState) -> FastAPI:
         return await create_chat_completion(state, req, raw)
 
     app.include_router(v1)
+    app.include_router(UtilityRoutes(state, [Depends(check_api_key)]).router)
 
     @app.get("/health")
     async def health() -> Response:

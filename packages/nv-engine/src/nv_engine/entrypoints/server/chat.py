@@ -11,7 +11,9 @@ from nv_engine.entrypoints.server.errors import APIError, sse_error
 from nv_engine.entrypoints.server.protocol import (SSE_DONE, ChatChoice, ChatCompletionChunk,
                                        ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
                                        ChatResponseMessage, ChatStreamChoice, DeltaMessage,
-                                       UsageInfo, random_id, sse)
+                                       PromptTokensDetails, TokenizeRequest, UsageInfo, random_id,
+                                       sse)
+from nv_engine.entrypoints.server.request_fields import CHAT, REQUEST_FIELDS
 from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState,
                                       build_sampling_params, check_prompt, engine_error,
                                       resolve_max_tokens, run_unless_disconnected)
@@ -32,25 +34,29 @@ def _message_dict(i: int, msg: ChatMessage) -> dict:
     return d
 
 
-def render_chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    """The prompt token ids: the chat template's text, tokenized without extra special tokens."""
+def render_chat_prompt(state: ServerState, req: ChatCompletionRequest | TokenizeRequest,
+                       add_special_tokens: bool = False) -> list[int]:
+    """The prompt token ids: the chat template's text (the request's template, the server's
+    --chat-template or the tokenizer's), tokenized without extra special tokens by default."""
     tok = state.tokenizer
-    if not getattr(tok, "chat_template", None):
+    template = req.chat_template or state.chat_template
+    if template is None and not getattr(tok, "chat_template", None):
         raise APIError("The model's tokenizer has no chat template; use /v1/completions.",
                        param="messages")
-    messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+    messages = [_message_dict(i, m) for i, m in enumerate(req.messages or ())]
     try:
         text = tok.apply_chat_template(
-            messages, tokenize=False,
+            messages, tokenize=False, chat_template=template,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
             continue_final_message=req.continue_final_message, **(req.chat_template_kwargs or {}))
     except Exception as exc:   # a template error is the request's fault (bad roles, ...)
         raise APIError(f"Could not apply the chat template: {exc}", param="messages") from exc
-    return list(tok.encode(text, add_special_tokens=False))
+    return list(tok.encode(text, add_special_tokens=add_special_tokens))
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request) -> Any:
     model = state.check_model(req.model)
+    REQUEST_FIELDS.check(CHAT, req)
     top_logprobs = None
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
         raise APIError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}.",
@@ -59,7 +65,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         top_logprobs = req.top_logprobs or 0
     elif req.top_logprobs:
         raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
-    ids = render_chat_prompt(state, req)
+    ids = render_chat_prompt(state, req, req.add_special_tokens)
     check_prompt(state, ids)
     if req.max_completion_tokens is not None:
         max_tokens = resolve_max_tokens(state, req.max_completion_tokens, len(ids),
@@ -87,10 +93,12 @@ class _ChatRun:
         self.top_logprobs = top_logprobs
         self.fmt = LogprobFormatter(state.tokenizer)
         self.choices = {i: ChoiceState(i) for i in range(req.n)}
+        self.num_cached_tokens = 0
 
     def _apply(self, outputs: list[Any]) -> set[int]:
         changed = set()
         for out in outputs:
+            self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
             for comp in out.outputs:
                 self.choices[comp.index].update(comp)
                 changed.add(comp.index)
@@ -99,7 +107,8 @@ class _ChatRun:
     def _usage(self) -> UsageInfo:
         completion = sum(len(c.token_ids) for c in self.choices.values())
         return UsageInfo(prompt_tokens=self.num_prompt_tokens, completion_tokens=completion,
-                         total_tokens=self.num_prompt_tokens + completion)
+                         total_tokens=self.num_prompt_tokens + completion,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=self.num_cached_tokens))
 
     def _logprobs(self, c: ChoiceState, start: int, end: int) -> Any:
         if self.top_logprobs is None:

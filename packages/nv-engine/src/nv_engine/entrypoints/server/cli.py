@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from typing import Any
@@ -21,6 +22,13 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("NV_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1 routes (env NV_API_KEY)")
     p.add_argument("--max-n", type=int, default=128, help="largest `n` a request may ask for")
+    p.add_argument("--chat-template", default=None,
+                   help="chat template: a file, or the template itself (default: the tokenizer's)")
+    p.add_argument("--root-path", default="", help="path prefix when behind a proxy that strips it")
+    p.add_argument("--allowed-origins", type=json.loads, default=["*"], help='CORS origins (JSON list)')
+    p.add_argument("--allowed-methods", type=json.loads, default=["*"], help="CORS methods (JSON list)")
+    p.add_argument("--allowed-headers", type=json.loads, default=["*"], help="CORS headers (JSON list)")
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     EngineArgs.add_cli_arguments(p)
@@ -54,8 +62,25 @@ def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
     state = build_state(engine, tokenizer=engine.tokenizer, sampling_params_cls=SamplingParams,
                         model_path=args.model, max_model_len=config.max_model_len,
                         served_model_names=args.served_model_name or [args.model],
-                        api_key=args.api_key or None, max_n=args.max_n)
-    return create_app(state)
+                        api_key=args.api_key or None, max_n=args.max_n,
+                        chat_template=load_chat_template(getattr(args, "chat_template", None)))
+    cors = dict(allow_origins=getattr(args, "allowed_origins", ["*"]),
+                allow_methods=getattr(args, "allowed_methods", ["*"]),
+                allow_headers=getattr(args, "allowed_headers", ["*"]),
+                allow_credentials=getattr(args, "allow_credentials", False))
+    return create_app(state, cors=cors, root_path=getattr(args, "root_path", ""))
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the value itself when it is a Jinja template."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" in value:
+        return value
+    raise SystemExit(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
 def run_server(args: argparse.Namespace) -> int:

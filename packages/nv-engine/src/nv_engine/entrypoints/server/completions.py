@@ -9,8 +9,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
 from nv_engine.entrypoints.server.protocol import (SSE_DONE, CompletionChoice, CompletionChunk,
-                                       CompletionRequest, CompletionResponse, UsageInfo, random_id,
-                                       sse)
+                                       CompletionRequest, CompletionResponse, PromptTokensDetails,
+                                       UsageInfo, random_id, sse)
+from nv_engine.entrypoints.server.request_fields import COMPLETIONS, REQUEST_FIELDS
 from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState,
                                       build_sampling_params, check_prompt, engine_error,
                                       resolve_max_tokens, run_unless_disconnected)
@@ -18,7 +19,8 @@ from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter,
 DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
 
 
-def prompt_token_ids(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int]]]:
+def prompt_token_ids(state: ServerState, prompt: Any,
+                     add_special_tokens: bool = True) -> list[tuple[str | None, list[int]]]:
     """(text or None, token ids) for each prompt of the request."""
     if isinstance(prompt, str):
         prompts: list = [prompt]
@@ -31,7 +33,7 @@ def prompt_token_ids(state: ServerState, prompt: Any) -> list[tuple[str | None, 
     out = []
     for p in prompts:
         if isinstance(p, str):
-            out.append((p, list(state.tokenizer.encode(p))))
+            out.append((p, list(state.tokenizer.encode(p, add_special_tokens=add_special_tokens))))
         else:
             out.append((None, list(p)))
     return out
@@ -39,9 +41,10 @@ def prompt_token_ids(state: ServerState, prompt: Any) -> list[tuple[str | None, 
 
 async def create_completion(state: ServerState, req: CompletionRequest, raw: Request) -> Any:
     model = state.check_model(req.model)
+    REQUEST_FIELDS.check(COMPLETIONS, req)
     if req.echo and req.logprobs is not None:
         raise APIError("echo with logprobs is not supported.", param="echo")
-    prompts = prompt_token_ids(state, req.prompt)
+    prompts = prompt_token_ids(state, req.prompt, req.add_special_tokens)
     request_id = random_id("cmpl")
     engine_requests = []
     for i, (_, ids) in enumerate(prompts):
@@ -72,6 +75,7 @@ class _CompletionRun:
         self.tokenizer = state.tokenizer
         self.choices = {i: ChoiceState(i) for i in range(len(prompts) * req.n)}
         self.prompt_index = {f"{request_id}-{i}": i for i in range(len(prompts))}
+        self.num_cached_tokens = [0] * len(prompts)   # per prompt
 
     def _echo(self, choice: ChoiceState) -> str:
         text, ids = self.prompts[choice.index // self.req.n]
@@ -80,7 +84,10 @@ class _CompletionRun:
     def _apply(self, outputs: list[Any]) -> set[int]:
         changed = set()
         for out in outputs:
-            base = self.prompt_index[out.request_id] * self.req.n
+            prompt = self.prompt_index[out.request_id]
+            base = prompt * self.req.n
+            self.num_cached_tokens[prompt] = max(self.num_cached_tokens[prompt],
+                                                 out.num_cached_tokens)
             for comp in out.outputs:
                 self.choices[base + comp.index].update(comp)
                 changed.add(base + comp.index)
@@ -90,7 +97,8 @@ class _CompletionRun:
         prompt = sum(len(ids) for _, ids in self.prompts)
         completion = sum(len(c.token_ids) for c in self.choices.values())
         return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                         total_tokens=prompt + completion)
+                         total_tokens=prompt + completion,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(self.num_cached_tokens)))
 
     def _logprobs(self, c: ChoiceState, start: int, end: int, offset: int) -> Any:
         if self.req.logprobs is None:

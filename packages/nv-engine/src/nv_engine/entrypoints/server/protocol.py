@@ -5,7 +5,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -19,14 +19,24 @@ def now() -> int:
 # ----------------------------------------------------------------------------------------- requests
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    include_obfuscation: bool | None = None   # random padding against length side channels: not sent
 
 
 class SamplingRequest(BaseModel):
-    """Fields that completions and chat share. Unknown fields are ignored, as OpenAI clients send
-    fields nv does not use (user, metadata, ...)."""
+    """Fields that completions and chat share. Fields not declared here land in `model_extra` and
+    are checked against request_fields.REQUEST_FIELDS (accepted at their defaults, else a 400)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """A declared field sent as null takes its default (OpenAI SDKs and proxies send nulls)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
 
     model: str | None = None
     n: int = 1
@@ -48,6 +58,9 @@ class SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = None   # token id (as a string, OpenAI's JSON) -> bias
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -59,6 +72,7 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
+    add_special_tokens: bool = True
 
 
 class ChatMessage(BaseModel):
@@ -75,14 +89,55 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+    add_special_tokens: bool = False   # the template writes them
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: a prompt, or chat messages rendered by the chat template (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None   # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[int]
 
 
 # ---------------------------------------------------------------------------------------- responses
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0   # prompt tokens whose KV came from the prefix cache
+
 
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 class CompletionLogprobs(BaseModel):

@@ -16,7 +16,8 @@ from nv_engine.entrypoints.server.protocol import (ChatLogprobs, ChatLogprobToke
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "max_tokens", "min_tokens", "logprobs", "presence_penalty",
-                    "frequency_penalty", "repetition_penalty")
+                    "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
+                    "bad_words")
 
 
 @dataclass
@@ -30,17 +31,18 @@ class ServerState:
     max_n: int = 128
     metrics: ServerMetrics | None = None
     api_key: str | None = None
+    chat_template: str | None = None   # --chat-template; None: the tokenizer's
 
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
 
     def check_model(self, name: str | None) -> str:
-        """The name to answer with; unknown names are a 400."""
+        """The name to answer with; unknown names are a 404."""
         if name is None or name in self.served_model_names:
             return self.model_name if name is None else name
         raise APIError(f"The model `{name}` does not exist. Served: {', '.join(self.served_model_names)}.",
-                       param="model", code="model_not_found")
+                       status=404, param="model", code="model_not_found")
 
 
 def check_prompt(state: ServerState, token_ids: list[int]) -> None:
@@ -72,7 +74,16 @@ def build_sampling_params(state: ServerState, req: SamplingRequest, *, max_token
                           logprobs: int | None) -> Any:
     if req.n > state.max_n:
         raise APIError(f"n must be at most {state.max_n}, got {req.n}.", param="n")
+    if req.stream_options is not None and not req.stream:
+        raise APIError("stream_options needs stream=true.", param="stream_options")
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    logit_bias = None
+    if req.logit_bias is not None:
+        try:
+            logit_bias = {int(token): bias for token, bias in req.logit_bias.items()}
+        except ValueError as exc:
+            raise APIError(f"logit_bias keys must be token ids, got {list(req.logit_bias)}.",
+                           param="logit_bias") from exc
     kwargs = dict(
         n=req.n,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -91,6 +102,9 @@ def build_sampling_params(state: ServerState, req: SamplingRequest, *, max_token
         repetition_penalty=req.repetition_penalty,
         skip_special_tokens=req.skip_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
+        logit_bias=logit_bias,
+        allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words,
     )
     try:
         return state.sampling_params_cls(**kwargs)
