@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-
 @dataclass
 class RequestResult:
     ok: bool = False

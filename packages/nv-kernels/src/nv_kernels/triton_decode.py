@@ -9,7 +9,6 @@ Ideas from SGLang / LightLLM two-stage decode and vLLM's triton_unified_attentio
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton

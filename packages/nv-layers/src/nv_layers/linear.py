@@ -70,7 +70,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if shard_id is None:  # an already fused checkpoint tensor: split it into its parts
             full = read_full(loaded_weight)
             starts = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes))]
-            for i, (start, size) in enumerate(zip(starts, self.output_sizes)):
+            for i, (start, size) in enumerate(zip(starts, self.output_sizes, strict=True)):
                 self.weight_loader(param, full.narrow(0, start, size), i)
             return
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):

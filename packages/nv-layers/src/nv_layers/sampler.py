@@ -2,8 +2,8 @@
 
 Per row: penalties (vLLM's presence / frequency / repetition), banned ids (min_tokens), then greedy
 rows (temperature 0) take the argmax; the others are scaled by temperature, filtered by min-p, then
-top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1), done in log space as
-argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a
+top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1),
+done in log space as argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a
 counter-based integer hash of (seed, position, token id) in int64 torch ops (nv_kernels.sampler_hash),
 so a seeded row draws the same token whatever batch, row or device-step it runs in.
 
