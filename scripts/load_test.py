@@ -10,7 +10,7 @@ throughput. Client: stdlib asyncio only (HTTP/1.1 + SSE), so it runs where httpx
   python scripts/load_test.py --random-weights --shape qwen3-0.6b --num-requests 256 --concurrency 64
 
 Arguments after `--` go to the server (`python -m nv_engine.entrypoints.server MODEL ...`).
-Workload (like ../shared/BENCHMARK.md, smaller outputs by default): random prompt token ids in
+Workload (like the headline benchmark in BENCHMARKS.md, smaller outputs by default): random prompt token ids in
 [0, 10000), lengths uniform in --input-len, max_tokens uniform in --output-len, ignore_eos,
 temperature 0.6; seeded, so runs are comparable.
 """

@@ -1,4 +1,4 @@
-"""Decode-step profile and throughput sweeps for issue 5 (run on the GPU machine).
+"""Decode-step profile and throughput sweeps (run on a CUDA GPU).
 
   python3 scripts/perf_sweep.py --out DIR [--model DIR] [--skip-profile] [--skip-sweep]
 
