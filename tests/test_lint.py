@@ -31,6 +31,7 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, f"ruff check:\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.slow  # about a minute on two cores
 def test_basedpyright_finds_nothing():
     # --pythonpath: the environment whose packages (torch, transformers ...) the checked code imports
     result = run([tool("basedpyright"), "--pythonpath", sys.executable], timeout=900)
