@@ -1,4 +1,4 @@
-"""NCCL all-reduce time for one decode step's tensor-parallel traffic (issue 7).
+"""NCCL all-reduce time for one decode step's tensor-parallel traffic.
 
   python3 -m torch.distributed.run --nproc-per-node 2 scripts/allreduce_bench.py --hidden 4096 --layers 36
 

@@ -136,8 +136,8 @@ def bench_prefill(results: list[dict], quick: bool) -> None:
     rows = []
     for cfg in configs:
         try:
-            ms = median_ms(lambda: prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, q_len,
-                                                     SCALE, **cfg))
+            ms = median_ms(lambda cfg=cfg: prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, q_len,
+                                                             SCALE, **cfg))
         except Exception as exc:
             print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:80]}")
             continue

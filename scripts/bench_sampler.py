@@ -6,7 +6,7 @@ penalties, no logprobs) on bf16 logits [S, 151,936] as the LM head writes them, 
 - old: what the sampler ran before the fast path: logits.float(), / temperatures, row keys in
   ~35 small torch ops, then the one-program-per-row Gumbel-max kernel (kept below as it was).
 - torch: the pure torch path (Sampler(use_triton=False)).
-- new: Sampler() (nv_layers.sampler_triton.sample_tokens: two launches on the bf16 logits), and the
+- new: Sampler() (nv_layers.sampler_kernel.sample_tokens: two launches on the bf16 logits), and the
   kernel alone at a few chunk counts per row; greedy (all_greedy) old vs new.
 Also checks that old and new pick the same tokens (the hash is bit-identical; `log` may differ in the
 last ulp, so a near-tie may flip: a few rows at most).
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from nv_layers import sampler_triton
+from nv_kernels import sampler_kernel
 from nv_layers.sampler import Sampler, SamplingTensors, row_keys, token_keys
 
 VOCAB, TEMPERATURE = 151936, 0.6
@@ -39,14 +39,14 @@ def _old_gumbel_argmax_kernel(scores_ptr, stride_s, row_keys_ptr, tok_keys_ptr, 
         mask = offs < vocab
         score = tl.load(scores_ptr + row * stride_s + offs, mask=mask, other=float("-inf"))
         tok = tl.load(tok_keys_ptr + offs, mask=mask, other=0).to(tl.uint32)
-        bits = sampler_triton._mix32(tok ^ key)
+        bits = sampler_kernel._mix32(tok ^ key)
         u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
         val = score - tl.log(-tl.log(u))
         better = mask & (val > best_val)
         best_val = tl.where(better, val, best_val)
         best_idx = tl.where(better, offs, best_idx)
-    top = tl.reduce(best_val, 0, sampler_triton._max2)
-    idx = tl.reduce(tl.where(best_val == top, best_idx, vocab), 0, sampler_triton._min2)
+    top = tl.reduce(best_val, 0, sampler_kernel._max2)
+    idx = tl.reduce(tl.where(best_val == top, best_idx, vocab), 0, sampler_kernel._min2)
     tl.store(out_ptr + row, idx.to(tl.int64))
 
 
@@ -90,13 +90,13 @@ def bench(num_rows: int) -> None:
     }
     for chunks in (4, 8, 16, 32, 64):
         results[f"new kernel, {chunks} chunks/row"] = median_us(
-            lambda c=chunks: sampler_triton.sample_tokens(logits, t.seeds, t.positions,
+            lambda c=chunks: sampler_kernel.sample_tokens(logits, t.seeds, t.positions,
                                                           t.temperatures, num_chunks=c))
     results["greedy old (float + argmax)"] = median_us(lambda: logits.float().argmax(-1))
     results["greedy torch argmax on bf16"] = median_us(lambda: logits.argmax(-1))
     results["greedy new: Sampler() all_greedy"] = median_us(lambda: new(logits, t_greedy))
     greedy_ok = torch.equal(new(logits, t_greedy).token_ids, logits.argmax(-1))
-    default = sampler_triton.default_num_chunks(num_rows, VOCAB, 1024)
+    default = sampler_kernel.default_num_chunks(num_rows, VOCAB, 1024)
     print(f"\n== batch {num_rows}, vocab {VOCAB}, bf16 logits, temperature {TEMPERATURE} "
           f"(default {default} chunks/row) ==")
     for name, us in results.items():

@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from nv_engine.checkpoints.random_model import SHAPES
 from nv_kernels import get_backend
 from nv_kernels.fused_dispatch import fused_ops
 from nv_kernels.testing import dense_causal_attention, random_paged_batch
 from nv_kernels.triton_decode import decode_attention
 from nv_kernels.triton_prefill import prefill_attention
-from nv_engine.checkpoints.random_model import SHAPES
 from nv_layers.loader import build_model
 from nv_layers.testing import PagedDriver
 from nv_qwen3 import get_model_class

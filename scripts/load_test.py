@@ -10,7 +10,7 @@ throughput. Client: stdlib asyncio only (HTTP/1.1 + SSE), so it runs where httpx
   python scripts/load_test.py --random-weights --shape qwen3-0.6b --num-requests 256 --concurrency 64
 
 Arguments after `--` go to the server (`python -m nv_engine.entrypoints.server MODEL ...`).
-Workload (like ../shared/BENCHMARK.md, smaller outputs by default): random prompt token ids in
+Workload (like the headline benchmark in BENCHMARKS.md, smaller outputs by default): random prompt token ids in
 [0, 10000), lengths uniform in --input-len, max_tokens uniform in --output-len, ignore_eos,
 temperature 0.6; seeded, so runs are comparable.
 """
@@ -30,7 +30,10 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 
 @dataclass
@@ -294,6 +297,58 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), server_args
 
 
+
+# Random-weight checkpoints for --random-weights: the model's weights are random, but its tokenizer covers the
+# whole vocabulary, so detokenization costs what it would with a real model.
+_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+           "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def full_vocab_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with exactly `vocab_size` ids (bytes, then byte pairs, then
+    triples, then the ChatML specials last), so every id a random model emits decodes to text and
+    the server's detokenization costs what it would with a real vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    regular = vocab_size - len(_SPECIALS)
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    merges: list[tuple[str, str]] = []
+    pairs = [a + b for a in alphabet for b in alphabet]
+    candidates = ((p[0], p[1]) for p in pairs)
+    triples = ((p, c) for p in pairs for c in alphabet)
+    for left, right in (*candidates, *triples):
+        if len(vocab) >= regular:
+            break
+        vocab[left + right] = len(vocab)
+        merges.append((left, right))
+    for s in _SPECIALS:
+        vocab[s] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=_SPECIALS[0], pad_token=_SPECIALS[0],
+                                   additional_special_tokens=list(_SPECIALS[1:]))
+    fast.chat_template = _CHATML
+    return fast
+
+
+def write_load_test_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", seed: int = 0) -> Path:
+    """nv_engine.checkpoints.random_model's random-weight Qwen3 checkpoint (bf16) plus a full-vocabulary
+    tokenizer. Reuses the dir when it already holds one."""
+    from transformers import AutoConfig
+
+    from nv_engine.checkpoints.random_model import write_random_checkpoint
+
+    out = Path(out_dir)
+    if not ((out / "model.safetensors").exists() and (out / "tokenizer.json").exists()):
+        write_random_checkpoint(out, shape, dtype="bfloat16", seed=seed, with_tokenizer=False)
+        full_vocab_tokenizer(AutoConfig.from_pretrained(out).vocab_size).save_pretrained(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args, server_args = parse_args(sys.argv[1:] if argv is None else argv)
     proc = None
@@ -306,8 +361,6 @@ def main(argv: list[str] | None = None) -> int:
             if args.random_weights:
                 if args.checkpoint_dir is None:
                     tmp = tempfile.TemporaryDirectory(prefix="nv-load-ckpt-")
-                from nv_engine.entrypoints.server.testing import write_load_test_checkpoint
-
                 model = str(write_load_test_checkpoint(Path(args.checkpoint_dir or tmp.name), args.shape))
             config = Path(model) / "config.json"
             if config.exists():   # prompt ids must lie inside the model's vocabulary

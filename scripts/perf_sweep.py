@@ -1,4 +1,4 @@
-"""Decode-step profile and throughput sweeps for issue 5 (run on the GPU machine).
+"""Decode-step profile and throughput sweeps (run on a CUDA GPU).
 
   python3 scripts/perf_sweep.py --out DIR [--model DIR] [--skip-profile] [--skip-sweep]
 
@@ -176,7 +176,8 @@ def main() -> None:
         bandwidth = copy_bandwidth(torch.device("cuda:0"))
         results = sweep(llm, bandwidth, checkpoint_parameters(llm.config.model) * itemsize, kv_per_token)
         (out / "sweep.json").write_text(json.dumps(results, indent=2))
-        lines = ["| sweep | sequences | context | nv tok/s | floor tok/s | ratio | ms/step |", "|---|---|---|---|---|---|---|"]
+        lines = ["| sweep | sequences | context | nv tok/s | floor tok/s | ratio | ms/step |",
+                 "|---|---|---|---|---|---|---|"]
         for r in results:
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['tok_s']:.0f} | "
                          f"{r['floor_tok_s']:.0f} | {r['floor_ratio']:.1%} | {r['step_ms']:.2f} |")

@@ -50,8 +50,8 @@ def check_logprobs_close(outputs_0: Sequence[TokensAndLogprobs], outputs_1: Sequ
     token, each side's token must be in the other's top-k logprobs at that position; then stop
     comparing that pair (the continuations legitimately diverge)."""
     assert len(outputs_0) == len(outputs_1)
-    for i, ((ids_0, lps_0), (ids_1, lps_1)) in enumerate(zip(outputs_0, outputs_1)):
-        for pos, (t0, t1) in enumerate(zip(ids_0, ids_1)):
+    for i, ((ids_0, lps_0), (ids_1, lps_1)) in enumerate(zip(outputs_0, outputs_1, strict=True)):
+        for pos, (t0, t1) in enumerate(zip(ids_0, ids_1, strict=False)):
             if t0 == t1:
                 continue
             assert t0 in lps_1[pos], (f"prompt {i}, token {pos}: {name_0} chose {t0}, not in {name_1}'s "
@@ -72,5 +72,6 @@ def hf_with_logprobs(refs, k: int) -> list[TokensAndLogprobs]:
     result = []
     for tokens, lps in refs:
         top = lps.topk(k, dim=-1)
-        result.append((tokens, [dict(zip(ids.tolist(), vals.tolist())) for vals, ids in zip(top.values, top.indices)]))
+        rows = zip(top.values, top.indices, strict=True)  # per position: [k] values, [k] ids
+        result.append((tokens, [dict(zip(ids.tolist(), vals.tolist(), strict=True)) for vals, ids in rows]))
     return result

@@ -11,10 +11,11 @@ import torch
 pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
+from gguf_writer import write_llama_gguf  # noqa: E402
+
 from nv_engine.checkpoints.gguf import cache_dir_for, convert_gguf, find_gguf_file  # noqa: E402
 from nv_engine.checkpoints.gguf import convert as convert_module  # noqa: E402
 from nv_engine.checkpoints.gguf.llama import llama3_rope_scaling, permute_qk, unpermute_qk  # noqa: E402
-from nv_engine.checkpoints.gguf.testing import write_llama_gguf  # noqa: E402
 
 
 def tiny_llama(tie: bool = False, **overrides):

@@ -72,7 +72,7 @@ def test_llm_greedy_and_logprobs_match_hf(tiny_llama_dir: Path) -> None:
     assert outputs[3].num_cached_tokens == 40
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     err = 0.0
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         tokens = out.outputs[0].token_ids
         with torch.no_grad():
             logprobs = torch.log_softmax(hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1], -1)

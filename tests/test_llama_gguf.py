@@ -18,6 +18,7 @@ import torch
 
 pytest.importorskip("gguf")
 from hf_compare import check_logprobs_close, hf_greedy, hf_with_logprobs, load_hf, nv_with_logprobs  # noqa: E402
+
 from nv_engine.checkpoints.gguf import convert_gguf, default_gguf_path  # noqa: E402
 
 try:
@@ -120,9 +121,9 @@ def test_llm_greedy_equals_hf_on_cpu(smollm2_dir: Path, gguf_cache: Path, hf_smo
     monkeypatch.setenv("XDG_CACHE_HOME", str(gguf_cache))  # LLM(.gguf) reuses the session's conversion
     outputs = nv_generate(str(SMOLLM2_GGUF), device="cpu", dtype="float32", num_gpu_blocks_override=128)
     results = [(out.prompt_token_ids, tokens, logprobs) for out, (tokens, logprobs)
-               in zip(outputs, nv_with_logprobs(outputs))]
+               in zip(outputs, nv_with_logprobs(outputs), strict=True)]
     eos = tokenizer.eos_token_id
-    for question, (ids, _, _) in zip(CHAT_PROMPTS, results[PARIS:]):
+    for question, (ids, _, _) in zip(CHAT_PROMPTS, results[PARIS:], strict=True):
         assert ids == chat_ids(tokenizer, question)  # LLM.chat renders the GGUF's chat template
     for ids, tokens, _ in results:  # every nv token is HF's argmax given the same prefix
         assert tokens == hf_forced_argmax(hf_smollm2, ids, tokens), (tokenizer.decode(ids), tokenizer.decode(tokens))
@@ -138,11 +139,11 @@ def test_llm_greedy_equals_hf_on_cpu(smollm2_dir: Path, gguf_cache: Path, hf_smo
 
 
 def test_nv_generate_default_model_answers_paris(smollm2_dir: Path, gguf_cache: Path) -> None:
-    """`nv generate QUESTION` with no --model: SmolLM2 in chat mode (reusing this session's conversion)."""
+    """`nv generate QUESTION` with no --model: SmolLM2 in chat mode (reusing this test run's conversion)."""
     env = {**os.environ, "XDG_CACHE_HOME": str(gguf_cache), "OMP_NUM_THREADS": "1",
            "NV_CPU_KVCACHE_SPACE": "0.25"}
-    result = subprocess.run([sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "What is the capital of France?"],
-                            capture_output=True, text=True, timeout=300, env=env)
+    command = [sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "What is the capital of France?"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SmolLM2-135M-Instruct" in result.stderr and str(smollm2_dir) in result.stderr  # cached, reused
     completion = result.stdout.split("Completion: ", 1)[1]

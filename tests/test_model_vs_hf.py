@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_compare import load_hf
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nv_kernels import get_backend
@@ -20,7 +21,6 @@ from nv_layers import forward_context
 from nv_layers.loader import build_model
 from nv_layers.testing import PagedDriver, cacheless_prefill_context
 from nv_qwen3 import get_model_class
-from hf_compare import load_hf
 
 TOL = 1e-4
 BLOCK_SIZE = 4

@@ -1,4 +1,4 @@
-"""Tensor parallelism on two GPUs over NCCL (issue 7); skipped with fewer than 2 GPUs.
+"""Tensor parallelism on two GPUs over NCCL; skipped with fewer than 2 GPUs.
 
 - fp32: TP=2 gives exactly TP=1's greedy tokens (same math, only the all-reduce order differs).
 - bf16 at the Qwen3-0.6B shape: TP=2 and TP=1 each follow HF by vLLM's check_logprobs_close rule.

@@ -20,7 +20,8 @@ from nv_kernels.fused_norm import rms_norm_torch
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}   # 2 ulps of the dtype (fp16: 2**-9, bf16: 2**-6)
+# 2 ulps of the dtype (fp16: 2**-9, bf16: 2**-6)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def nan_empty(*args: Any, **kwargs: Any) -> torch.Tensor:

@@ -123,7 +123,7 @@ def test_interpreted_matches_reference(interp: ModuleType, poisoned: None, dtype
     got = run(interp.qk_norm_rope_triton, c, d, rd, norm, with_v, store)
     want = run(qk_norm_rope_torch, c, d, rd, norm, with_v, store)
     compare(got, want, with_v, store)
-    assert all(torch.equal(a, b) for a, b in zip(inputs, (c.q, c.k, c.v)))   # qkv is never written
+    assert all(torch.equal(a, b) for a, b in zip(inputs, (c.q, c.k, c.v), strict=True))   # qkv is never written
 
 
 def test_interpreted_headed_inputs_and_int32_positions(interp: ModuleType, poisoned: None) -> None:
@@ -157,7 +157,7 @@ def test_cpu_dispatch_runs_the_torch_path() -> None:
         with fused_ops(mode):
             got = run(nv_kernels.qk_norm_rope, c, 16, 16, True, True, True)
         want = run(qk_norm_rope_torch, c, 16, 16, True, True, True)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 GPU_CASES = [(16, 8, 128, 128), (32, 8, 128, 128), (32, 8, 64, 64), (64, 8, 128, 128), (16, 8, 128, 64)]

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch

@@ -13,8 +13,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import nv_layers.linear as linear
-from nv_layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
-                              ReplicatedLinear, RowParallelLinear)
+from nv_layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 
 
 def as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, size: int) -> None:

@@ -44,7 +44,7 @@ def test_layers_match() -> None:
     norm.weight.data = torch.rand(48, generator=gen) + 0.5
     x, res = torch.randn(5, 48, generator=gen), torch.randn(5, 48, generator=gen)
     fused, plain = both_paths(lambda: (norm(x), *norm(x, res)))
-    for a, b in zip(fused, plain):
+    for a, b in zip(fused, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     gate_up = torch.randn(5, 2 * 40, generator=gen)
     fused, plain = both_paths(lambda: SiluAndMul()(gate_up))
@@ -54,7 +54,7 @@ def test_layers_match() -> None:
     q, k = torch.randn(5, 3, 16, generator=gen), torch.randn(5, 48, generator=gen)
     positions = torch.tensor([0, 7, 31, 90, 127])
     fused, plain = both_paths(lambda: rope(positions, q, k))
-    for a, b in zip(fused, plain):
+    for a, b in zip(fused, plain, strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -129,8 +129,8 @@ def test_model_fused_equals_torch_path(model_cls: type, config: Any) -> None:
         lambda: run_model(model_cls, config, seed=1))
     assert fused_stores == 0                         # K/V went into the cache inside the fused kernel
     assert plain_stores == 2 * config.num_hidden_layers
-    for a, b in zip(fused_out, plain_out):
+    for a, b in zip(fused_out, plain_out, strict=True):
         assert bool(torch.isfinite(a).all())
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    for a, b in zip(fused_caches, plain_caches):
+    for a, b in zip(fused_caches, plain_caches, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import torch
-from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+from flash_attn import (  # pyright: ignore[reportMissingImports] - optional, CUDA only
+    flash_attn_varlen_func,
+    flash_attn_with_kvcache,
+)
 from torch import Tensor
 
 from nv_kernels.interface import check_query, check_store

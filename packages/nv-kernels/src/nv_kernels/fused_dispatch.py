@@ -92,6 +92,8 @@ def interpreted_copy(module_name: str) -> ModuleType:
     if spec is None or spec.origin is None:
         raise ValueError(f"no module {module_name!r}")
     copy_spec = importlib.util.spec_from_file_location(f"{module_name}__interpreted", spec.origin)
+    if copy_spec is None or copy_spec.loader is None:
+        raise ValueError(f"cannot load {spec.origin} as a module")
     module = importlib.util.module_from_spec(copy_spec)
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"

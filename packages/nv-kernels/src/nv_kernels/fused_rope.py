@@ -10,6 +10,10 @@ Numerics: the norm as HF (fp32, cast to the dtype, times the weight, cast), then
 on that rounded value, rounded once -- the same as nv_layers' torch path.
 Only builtins and this module's jit helpers inside the kernels (see fused_norm's note).
 """
+# Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
+# num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
+# pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
+# pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
 from __future__ import annotations
 
 import torch
@@ -213,7 +217,7 @@ def qk_norm_rope_torch(
         return out.to(x.dtype)
 
     q_out, k_out = rotate(q3), rotate(k3)
-    if k_cache is not None:
+    if k_cache is not None and v_cache is not None and slot_mapping is not None and v3 is not None:  # store
         keep = slot_mapping >= 0
         slots = slot_mapping[keep].long()
         block, offset = slots // k_cache.shape[1], slots % k_cache.shape[1]

@@ -38,7 +38,7 @@ def random_paged_batch(
     seed: int = 0,
 ) -> PagedBatch:
     """Sequences of seq_lens[b] tokens, the last q_lens[b] of which are queries."""
-    if len(seq_lens) != len(q_lens) or any(q > s for q, s in zip(q_lens, seq_lens)):
+    if len(seq_lens) != len(q_lens) or any(q > s for q, s in zip(q_lens, seq_lens, strict=True)):
         raise ValueError("need one q_len per sequence, each at most its seq_len")
     gen = torch.Generator(device=device).manual_seed(seed)
     cpu_gen = torch.Generator().manual_seed(seed)
@@ -61,7 +61,7 @@ def random_paged_batch(
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # [NB*BS, Hkv, D]
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     keys, values, slots, used = [], [], [], 0
-    for b, (s, nblk) in enumerate(zip(seq_lens, blocks_per_seq)):
+    for b, (s, nblk) in enumerate(zip(seq_lens, blocks_per_seq, strict=True)):
         ids = block_ids[used:used + nblk]
         used += nblk
         tables[b, :nblk] = ids.to(torch.int32)

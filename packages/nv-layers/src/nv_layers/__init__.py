@@ -4,8 +4,13 @@ from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention
 from nv_layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from nv_layers.forward_context import ForwardContext, current_forward_context, forward_context, get_forward_context
-from nv_layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
-                              ReplicatedLinear, RowParallelLinear)
+from nv_layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from nv_layers.loader import load_safetensors
 from nv_layers.norm import RMSNorm
 from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size

@@ -5,6 +5,8 @@ the runner assigns `k_cache` / `v_cache` ([NB, BS, Hkv, D] each) after allocatin
 """
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,7 +58,7 @@ class Attention(nn.Module):
             bounds = ctx.cu_seqlens_q.tolist()             # host sync: fine, profiling only
         group = self.num_heads // self.num_kv_heads
         out = torch.empty_like(q)                          # [T, Hq, D]
-        for start, end in zip(bounds[:-1], bounds[1:]):
+        for start, end in pairwise(bounds):
             if end <= start:
                 continue
             qs = q[start:end].transpose(0, 1)                                   # [Hq, L, D]

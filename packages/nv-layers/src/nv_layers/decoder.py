@@ -95,8 +95,9 @@ class DecoderAttention(nn.Module):
         if store:
             kwargs.update(k_cache=attn.k_cache, v_cache=attn.v_cache,
                           slot_mapping=get_forward_context().slot_mapping)
-        q, k, v = qk_norm_rope_triton(q, k, v, positions, self.rotary_emb.cos_sin_cache, head_dim=self.head_dim,
-                                      rotary_dim=self.rotary_emb.rotary_dim, **kwargs)   # [T, H, D] each
+        q, k, v_heads = qk_norm_rope_triton(q, k, v, positions, self.rotary_emb.cos_sin_cache, head_dim=self.head_dim,
+                                            rotary_dim=self.rotary_emb.rotary_dim, **kwargs)   # [T, H, D] each
+        v = v if v_heads is None else v_heads  # v_heads is v as [T, Hkv, D] (None only when v is)
         return attn(q.view(num_tokens, -1), k.view(num_tokens, -1), v.view(num_tokens, -1), kv_stored=store)
 
 
@@ -129,8 +130,8 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden, stream = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), stream
 
 
 class DecoderModel(nn.Module):

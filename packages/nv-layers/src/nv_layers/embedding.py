@@ -11,7 +11,7 @@ from torch import nn
 
 from nv_layers.forward_context import current_forward_context
 from nv_layers.parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
-from nv_layers.weights import WeightLike, copy_checked, read_shard, shape_of
+from nv_layers.weights import WeightLike, copy_checked, read_shard, set_weight_loader, shape_of
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -23,7 +23,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = self.tp_rank * self.num_per_rank
         self.vocab_end = min(self.vocab_start + self.num_per_rank, num_embeddings)
         self.weight = nn.Parameter(torch.empty(self.num_per_rank, embedding_dim), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         rows = max(self.vocab_end - self.vocab_start, 0)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
-from nv_layers.weights import WeightLike, copy_checked, read_full, read_shard
+from nv_layers.weights import WeightLike, copy_checked, read_full, read_shard, set_weight_loader
 
 
 class LinearBase(nn.Module):
@@ -21,10 +21,10 @@ class LinearBase(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.weight = nn.Parameter(torch.empty(out_local, in_local), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
         if bias:
             self.bias = nn.Parameter(torch.empty(out_local), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
+            set_weight_loader(self.bias, self.weight_loader)
         else:
             self.register_parameter("bias", None)
 
@@ -70,7 +70,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if shard_id is None:  # an already fused checkpoint tensor: split it into its parts
             full = read_full(loaded_weight)
             starts = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes))]
-            for i, (start, size) in enumerate(zip(starts, self.output_sizes)):
+            for i, (start, size) in enumerate(zip(starts, self.output_sizes, strict=True)):
                 self.weight_loader(param, full.narrow(0, start, size), i)
             return
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):

@@ -130,6 +130,7 @@ def compute_cos_sin(rotary_dim: int, max_position: int, base: float, rope_scalin
 
 
 class RotaryEmbedding(nn.Module):
+    cos_sin_cache: torch.Tensor  # a buffer (register_buffer): declared for the type checker
     def __init__(self, head_size: int, rotary_dim: int, cos_sin: torch.Tensor) -> None:
         super().__init__()
         if rotary_dim > head_size or rotary_dim % 2:

@@ -3,15 +3,15 @@
 Per row: allowed ids, banned ids (min_tokens, bad words) and logit bias, then penalties (vLLM's
 presence / frequency / repetition), then greedy
 rows (temperature 0) take the argmax; the others are scaled by temperature, filtered by min-p, then
-top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1), done in log space as
-argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a
-counter-based integer hash of (seed, position, token id) in int64 torch ops, so a seeded row draws
-the same token whatever batch, row or device-step it runs in.
+top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1),
+done in log space as argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a
+counter-based integer hash of (seed, position, token id) in int64 torch ops (nv_kernels.sampler_hash),
+so a seeded row draws the same token whatever batch, row or device-step it runs in.
 
 Which stages run is decided by Python flags in `SamplingTensors` (set by the engine from the
 requests' parameters), never by tensor values, so a step never waits on the device. On CUDA a
 step with temperature-only sampling (no penalties, bans, filters or logprobs) skips the torch
-stages: nv_layers.sampler_triton draws from the raw (bf16) logits in two launches.
+stages: nv_kernels.sampler_kernel draws from the raw (bf16) logits in two launches.
 Ideas from vLLM's sampler (penalty semantics, sort-based top-k/top-p) and Gumbel-max sampling.
 """
 from __future__ import annotations
@@ -23,12 +23,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-_MASK32 = 0xFFFFFFFF
-# Multipliers below 2**31 keep (x < 2**32) * C below 2**63: no int64 overflow anywhere.
-_MUL1 = 0x7FEB352D
-_MUL2 = 0x31848BAB
-_SEED_SALT = 0x9E3779B9
-_TOKEN_SALT = 0x85EBCA6B
+from nv_kernels.sampler_hash import gumbel_noise, row_keys, token_keys
+from nv_kernels.sampler_hash import uniform_from_bits as uniform_from_bits  # re-exported: part of the draw
+
 # Above this many top-k candidates a full sort is cheaper than torch.topk.
 _TOPK_SORT_THRESHOLD = 1024
 
@@ -80,48 +77,6 @@ class SamplerOutput(NamedTuple):
     topk_ids: Tensor | None  # [S, K] int64
     topk_logprobs: Tensor | None  # [S, K] float32
     ranks: Tensor | None  # [S] int64; 1 = most likely
-
-
-def _mix32_(x: Tensor) -> Tensor:
-    """A 32-bit integer finaliser (xorshift-multiply, after C. Wellons' lowbias32) on int64 values
-    in [0, 2**32), in place; every intermediate stays below 2**63."""
-    x.bitwise_xor_(x >> 16)
-    x.mul_(_MUL1).bitwise_and_(_MASK32)
-    x.bitwise_xor_(x >> 15)
-    x.mul_(_MUL2).bitwise_and_(_MASK32)
-    x.bitwise_xor_(x >> 16)
-    return x
-
-
-def _mix32(x: Tensor) -> Tensor:
-    return _mix32_(x.clone())
-
-
-def row_keys(seeds: Tensor, positions: Tensor) -> Tensor:
-    """[S] int64 keys in [0, 2**32) from (seed, position); any int64 seed."""
-    seeds = seeds.to(torch.int64)
-    key = _mix32((seeds & _MASK32) ^ _SEED_SALT)
-    key = _mix32(key ^ ((seeds >> 32) & _MASK32))
-    return _mix32(key ^ (positions.to(torch.int64) & _MASK32))
-
-
-def token_keys(vocab_size: int, device: torch.device | str) -> Tensor:
-    """[V] int64 per-token keys in [0, 2**32) (distinct: _mix32 is a bijection)."""
-    ids = torch.arange(vocab_size, device=device, dtype=torch.int64)
-    return _mix32(ids ^ _TOKEN_SALT)
-
-
-def gumbel_noise(keys: Tensor, tok_keys: Tensor) -> Tensor:
-    """[S, V] float32 Gumbel noise -log(E), E = -log(U) ~ Exp(1), U from hash(row key, token key)."""
-    u = uniform_from_bits(_mix32_(keys[:, None] ^ tok_keys[None, :]))  # [S, V]
-    return u.log_().neg_().log_().neg_()
-
-
-def uniform_from_bits(x: Tensor) -> Tensor:
-    """int64 values in [0, 2**32) -> float32 U strictly inside (0, 1): the top 23 bits plus a half
-    step ((m + 0.5) / 2**23 needs 24 significant bits, exact in float32; 24 bits would round the
-    largest value up to exactly 1.0, and log(-log 1) is -inf)."""
-    return (x >> 9).to(torch.float32).add_(0.5).mul_(1.0 / (1 << 23))
 
 
 def _id_mask(ids: Tensor, vocab_size: int) -> Tensor:
@@ -222,7 +177,7 @@ def compute_logprobs(logits: Tensor, token_ids: Tensor, num_logprobs: int
 
 def _load_fused_module() -> ModuleType | None:
     try:
-        import nv_layers.sampler_triton as module
+        import nv_kernels.sampler_kernel as module
     except Exception:  # noqa: BLE001 - no triton (or it cannot build here): torch path
         return None
     return module
@@ -239,7 +194,7 @@ def fast_path_applies(t: SamplingTensors) -> bool:
 class Sampler(nn.Module):
     """forward(logits [S, V], SamplingTensors) -> SamplerOutput; no host sync.
 
-    use_triton: draw with the fused Triton kernels (nv_layers.sampler_triton) on CUDA; None = when
+    use_triton: draw with the fused Triton kernels (nv_kernels.sampler_kernel) on CUDA; None = when
     triton imports. The torch path is the reference and runs everywhere else. With the kernels, a
     step that passes `fast_path_applies` is two launches on the raw logits (no fp32 copy, no
     separate temperature pass); other steps run the torch stages, then the kernels' draw.
@@ -263,7 +218,7 @@ class Sampler(nn.Module):
         if self._fused is None:
             self._fused = _load_fused_module()
             if self._fused is None and self.use_triton:
-                raise RuntimeError("Sampler(use_triton=True) needs triton (nv_layers.sampler_triton)")
+                raise RuntimeError("Sampler(use_triton=True) needs triton (nv_kernels.sampler_kernel)")
         return self._fused
 
     def forward(self, logits: Tensor, t: SamplingTensors) -> SamplerOutput:

@@ -89,7 +89,7 @@ class PagedDriver:
         with torch.no_grad(), forward_context(ctx):
             hidden = self.model(torch.tensor(ids, dtype=torch.int64, device=dev),
                                 torch.tensor(positions, dtype=torch.int64, device=dev))
-            logits = self.model.compute_logits(hidden)
+            logits = self.model.compute_logits(hidden)  # pyright: ignore[reportCallIssue] - an nn.Module attribute
         for seq_id, n in chunks:
             self.seqs[seq_id].computed += n
         return logits

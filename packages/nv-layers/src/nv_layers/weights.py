@@ -5,6 +5,7 @@ that needs one shard of a weight reads just that shard (idea: vLLM's sharded loa
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,3 +44,9 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
 def default_weight_loader(param: torch.nn.Parameter, loaded_weight: WeightLike) -> None:
     """Loader for unsharded parameters: the whole tensor, same shape."""
     copy_checked(param.data, read_full(loaded_weight), "weight")
+
+
+def set_weight_loader(param: torch.nn.Parameter, loader: Callable[..., None]) -> None:
+    """Attach `loader` as param.weight_loader (the checkpoint loaders call it); torch's Parameter type does not
+    declare the attribute, hence setattr."""
+    setattr(param, "weight_loader", loader)  # noqa: B010

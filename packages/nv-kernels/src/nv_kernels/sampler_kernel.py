@@ -7,29 +7,33 @@ index) pair. Stage 2 reduces the per-chunk pairs of each row. A row with tempera
 the argmax of the raw logits (no noise). Row keys (from seed and position) and token keys are
 computed in the kernel, so the common path is two launches.
 
-Bit-exactness with the torch path of nv_layers.sampler: the hash is the same uint32 arithmetic
+Bit-exactness with the torch reference (sampler_hash.sample_tokens_torch): the hash is the same uint32 arithmetic
 (uint32 wraps mod 2**32, the torch path masks to 32 bits); the division is IEEE round-to-nearest
 (div_rn, like torch's `/`); only `log` may differ in the last ulp, so a near-tie can rarely pick the
 other token. Ties go to the smallest index (torch.argmax's first occurrence): strict `>` within a
 lane, then the smallest index among the lanes and the chunks holding the maximum.
 """
+# Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
+# num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
+# pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
+# pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from nv_layers import sampler as _ref
+from nv_kernels.sampler_hash import MUL1, MUL2, SEED_SALT, TOKEN_SALT
 
+# The kernels spell the constants as literals (a global read inside @triton.jit must be a constexpr).
 # Literals below 2**31 stay int32 in Triton; the salts are in [2**31, 2**32): uint32 literals.
-if not (_ref._MUL1 < 2**31 and _ref._MUL2 < 2**31
-        and 2**31 <= _ref._SEED_SALT < 2**32 and 2**31 <= _ref._TOKEN_SALT < 2**32):
-    raise ImportError("nv_layers.sampler's hash constants left the ranges this kernel's literals assume")
+if (MUL1, MUL2, SEED_SALT, TOKEN_SALT) != (0x7FEB352D, 0x31848BAB, 0x9E3779B9, 0x85EBCA6B):
+    raise ImportError("nv_kernels.sampler_hash's constants differ from this kernel's literals")
 
 
 @triton.jit
 def _mix32(x):
-    # x: uint32. Same finaliser as nv_layers.sampler._mix32_.
+    # x: uint32. Same finaliser as sampler_hash.mix32_.
     x ^= x >> 16
     x *= 0x7FEB352D
     x ^= x >> 15
@@ -50,7 +54,7 @@ def _min2(a, b):
 
 @triton.jit
 def _row_key(seeds_ptr, positions_ptr, row):
-    # Same as nv_layers.sampler.row_keys: low word, high word of the seed, then the position.
+    # Same as sampler_hash.row_keys: low word, high word of the seed, then the position.
     seed = tl.load(seeds_ptr + row).to(tl.int64)
     pos = tl.load(positions_ptr + row).to(tl.int64)
     key = _mix32(seed.to(tl.uint32) ^ 0x9E3779B9)
@@ -73,7 +77,7 @@ def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl
         if NOISE:
             if SCALE:
                 val = tl.math.div_rn(val, temps)
-            tok = _mix32(offs.to(tl.uint32) ^ 0x85EBCA6B)  # nv_layers.sampler.token_keys
+            tok = _mix32(offs.to(tl.uint32) ^ 0x85EBCA6B)  # sampler_hash.token_keys
             bits = _mix32(tok ^ key)
             u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # as uniform_from_bits
             val = val - tl.log(-tl.log(u))

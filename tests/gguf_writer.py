@@ -1,4 +1,4 @@
-"""Write small llama GGUF files from HF tensors, the way llama.cpp's converter lays them out (tests).
+"""Write small llama GGUF files from HF tensors, the way llama.cpp's converter lays them out (tests/test_gguf.py).
 
 No tokenizer metadata is written: conversions of these files have weights and config only.
 """
@@ -34,8 +34,11 @@ def gguf_tensor_name(hf_name: str) -> str:
     return f"blk.{layer}.{_HF_TO_GGUF_LAYER[sub]}.{kind}"
 
 
+RawTensor = tuple[np.ndarray, str, tuple[int, ...]]  # (raw bytes array, GGML type name, torch-order shape)
+
+
 def write_llama_gguf(path: str | Path, config: Any, state_dict: dict[str, Any], *,
-                     quant_type: str = "F32", raw_tensors: dict[str, tuple[np.ndarray, str, tuple[int, ...]]] | None = None) -> Path:
+                     quant_type: str = "F32", raw_tensors: dict[str, RawTensor] | None = None) -> Path:
     """Write `state_dict` (HF names, torch tensors) of a LlamaConfig model as a llama GGUF.
 
     2-D weights are stored as `quant_type` (F32, F16, or any type gguf.quants can quantize, e.g. Q8_0);

@@ -1,0 +1,94 @@
+"""The fused Triton draw (nv_kernels.sampler_kernel) under TRITON_INTERPRET=1 on CPU equals its torch
+reference (nv_kernels.sampler_hash.sample_tokens_torch, the sampler's torch path) token for token.
+Triton decides interpretation when a kernel is defined, so the module is imported inside the fixture
+with the variable set."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from nv_kernels.sampler_hash import sample_tokens_torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+
+@pytest.fixture(scope="module")
+def fused() -> Iterator[ModuleType]:
+    with pytest.MonkeyPatch.context() as mp:
+        if "nv_kernels.sampler_kernel" in sys.modules and "TRITON_INTERPRET" not in os.environ:
+            pytest.skip("the kernel was already compiled for the GPU in this process")
+        mp.setenv("TRITON_INTERPRET", "1")
+        import nv_kernels.sampler_kernel as module
+        yield module
+
+
+class Rows(NamedTuple):
+    """Temperature-only sampling inputs of S rows."""
+
+    temperatures: torch.Tensor  # [S] float32; <= 0 = greedy
+    seeds: torch.Tensor  # [S] int64
+    positions: torch.Tensor  # [S] int64
+
+
+def plain_tensors(temps: list[float], seed: int = 0) -> Rows:
+    gen = torch.Generator().manual_seed(seed)
+    n = len(temps)
+    return Rows(torch.tensor(temps, dtype=torch.float32),
+                torch.randint(-(2**62), 2**62, (n,), generator=gen),
+                torch.randint(0, 2**40, (n,), generator=gen))
+
+
+def reference(logits: torch.Tensor, t: Rows) -> torch.Tensor:
+    return sample_tokens_torch(logits, t.seeds, t.positions, t.temperatures,
+                               all_greedy=bool((t.temperatures <= 0).all()))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("vocab,block,chunks", [(3000, 512, None), (777, 64, 5), (64, 1024, None)])
+def test_fast_path_equals_torch_path(fused: ModuleType, dtype: torch.dtype, vocab: int, block: int,
+                                     chunks: int | None):
+    gen = torch.Generator().manual_seed(vocab)
+    temps = [0.6, 0.0, 1.0, 0.25, 2.0, 0.0, 0.6, 1e-3] * 3
+    logits = (torch.randn(len(temps), vocab, generator=gen) * 3).to(dtype)
+    logits[::3, ::2] = float("-inf")  # masked tokens are never drawn
+    t = plain_tensors(temps, seed=vocab)
+    got = fused.sample_tokens(logits, t.seeds, t.positions, t.temperatures, block=block,
+                              num_chunks=chunks)
+    assert torch.equal(got, reference(logits, t))
+    greedy = t.temperatures <= 0
+    assert torch.equal(got[greedy], logits.float().argmax(-1)[greedy])
+    assert bool(torch.isfinite(logits.float().gather(1, got[:, None])).all())
+
+
+def test_ties_take_the_first_index_like_torch_argmax(fused: ModuleType):
+    # bf16 logits of a few distinct values: many exact ties inside and across chunks.
+    vocab = 1000
+    logits = torch.randint(0, 3, (6, vocab), generator=torch.Generator().manual_seed(1)).float()
+    logits[1] = 0.0  # all equal: index 0
+    logits[2, :] = float("-inf")  # all -inf: index 0, like torch.argmax
+    logits[3, 700] = logits[3, 901] = 5.0  # the maximum in two chunks
+    logits[4, 130] = logits[4, 131] = 5.0  # twice in one lane's neighbourhood
+    logits = logits.to(torch.bfloat16)
+    t = plain_tensors([0.0] * 6)
+    for chunks in (1, 3, 8):
+        got = fused.sample_tokens(logits, t.seeds, t.positions, t.temperatures, block=64,
+                                  num_chunks=chunks)
+        assert torch.equal(got, logits.float().argmax(-1)), chunks
+        all_greedy = fused.sample_tokens(logits, t.seeds, t.positions, None, all_greedy=True,
+                                         block=64, num_chunks=chunks)
+        assert torch.equal(all_greedy, got)
+
+
+def test_prescaled_scores_and_strided_rows(fused: ModuleType):
+    base = torch.randn(5, 300, generator=torch.Generator().manual_seed(2))
+    scores = base[:, :200]  # row stride 300
+    t = plain_tensors([1.0] * 5)
+    got = fused.sample_tokens(scores, t.seeds, t.positions, None, block=64)  # no temperature
+    assert torch.equal(got, reference(scores.contiguous(), t))
