@@ -90,8 +90,8 @@ def test_stop_rules_validate():
 
 
 def test_sequence_fields():
-    a, b = Sequence([3, 4]), Sequence([5], seq_id=10**9, payload="req-1")
-    assert a.seq_id != b.seq_id and b.seq_id == 10**9 and b.payload == "req-1"
+    a, b = Sequence([3, 4]), Sequence([5], seq_id=10**9)
+    assert a.seq_id != b.seq_id and b.seq_id == 10**9
     a.append_token(7)
     assert a.token_ids == [3, 4, 7] and a.output_token_ids == [7] and a.prompt_token_ids == [3, 4]
     assert (a.num_tokens, a.num_prompt_tokens, a.num_output_tokens, a.last_token_id) == (3, 2, 1, 7)

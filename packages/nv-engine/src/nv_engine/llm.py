@@ -28,8 +28,9 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
             block_size=block_size, attention_backend=attention_backend, device=device,
-            num_gpu_blocks_override=num_gpu_blocks_override, tokenizer=tokenizer)
-        self.llm_engine = LLMEngine(config, stream_outputs=False, async_scheduling=async_scheduling)
+            num_gpu_blocks_override=num_gpu_blocks_override, tokenizer=tokenizer,
+            async_scheduling=async_scheduling)
+        self.llm_engine = LLMEngine(config, stream_outputs=False)
         self._request_ids = itertools.count()
 
     @property
