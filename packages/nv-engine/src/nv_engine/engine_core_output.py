@@ -13,14 +13,14 @@ from nv_engine.outputs import SampleLogprobs
 
 
 class SequenceUpdate(NamedTuple):
-    """Completion `index` of request `request_id` after a step.
+    """Completion `completion_index` of request `request_id` after a step.
 
     new_token_ids are the output tokens not reported before (one per step for a sequence the
     processor follows token by token; every output token at once for one it only hears of when it
     finishes). finish_reason is the core's (None: still running)."""
 
     request_id: str
-    index: int
+    completion_index: int                      # 0 .. n-1 (`index` would hide tuple.index)
     new_token_ids: list[int]
     logprobs: list[SampleLogprobs] | None      # one dict per new token, when the request asked
     cumulative_logprob_delta: float            # sum of the chosen tokens' logprobs (0.0 without)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias, Union
+from typing import TYPE_CHECKING, TypeAlias
 
 from nv_engine.config import EngineConfig
 
@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 Tokenizer: TypeAlias = "PreTrainedTokenizerBase"
 # A prompt: text, token ids, or {"prompt_token_ids": [...], "prompt": optional text} / {"prompt": "..."}.
-Prompt: TypeAlias = Union[str, Sequence[int], dict[str, Union[str, Sequence[int]]]]
+Prompt: TypeAlias = str | Sequence[int] | dict[str, str | Sequence[int]]
 
 
 def prompt_to_ids(prompt: Prompt, tokenizer: Tokenizer | None, vocab_size: int) -> tuple[str | None, list[int]]:

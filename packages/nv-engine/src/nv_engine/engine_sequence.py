@@ -17,8 +17,8 @@ class EngineSequence(Sequence):
     num_reported: output tokens already sent; reported_finished: its final update was sent (or it
     was aborted), so a step still in flight drops its token."""
 
-    __slots__ = ("request_id", "index", "params", "seed", "reports_each_token", "num_reported",
-                 "reported_finished")
+    __slots__ = ("index", "num_reported", "params", "reported_finished", "reports_each_token",
+                 "request_id", "seed")
 
     def __init__(self, prompt_token_ids: Iterable[int], rules: StopRules, *, request_id: str,
                  index: int, params: SamplingParams, seed: int, reports_each_token: bool) -> None:

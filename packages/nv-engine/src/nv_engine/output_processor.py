@@ -82,12 +82,12 @@ class OutputProcessor:
             state = requests.get(request_id)
             if state is None:
                 continue                               # aborted
-            completion = state.completions[update.index]
+            completion = state.completions[update.completion_index]
             if completion.finish_reason is not None:
                 continue                               # a stop string ended it already
             new_ids = update.new_token_ids
             completion.token_ids.extend(new_ids)
-            if update.index == 0:
+            if update.completion_index == 0:
                 state.num_cached_tokens = update.num_cached_tokens
             if update.logprobs is not None and completion.logprobs is not None:
                 if tokenizer is not None:
@@ -103,7 +103,7 @@ class OutputProcessor:
                 completion.stop_reason = detokenizer.stop_reason
                 completion.finish_reason = _STOP
                 if reason is None:
-                    to_finish.append((request_id, update.index))
+                    to_finish.append((request_id, update.completion_index))
             elif reason is not None:
                 completion.finish_reason = reason
                 if update.stop_token_id is not None and update.stop_token_id in state.params.stop_token_ids:
