@@ -31,21 +31,11 @@ from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, S
 
 from nv_engine.config import EngineConfig
 from nv_engine.engine_core_output import SequenceUpdate
-from nv_engine.engine_requests import (
-    Prompt,
-    eos_token_ids,
-    load_tokenizer,
-    prompt_to_ids,
-)
+from nv_engine.engine_requests import Prompt, eos_token_ids, load_tokenizer, prompt_to_ids
 from nv_engine.engine_sequence import EngineSequence
 from nv_engine.output_processor import OutputProcessor
 from nv_engine.outputs import RequestOutput
-from nv_engine.sampling_batch import (
-    SamplingBatchBuilder,
-    SamplingRow,
-    sequence_seed,
-    unpack_results,
-)
+from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
