@@ -91,7 +91,8 @@ def test_prefix_caching_hits_and_matches_hf(tiny_qwen3_dir, hf_ref, caching):
 
 def test_preemption_gives_the_same_tokens(tiny_qwen3_dir, hf_ref):
     prompts = _prompts([30, 31, 29, 33], seed=3)
-    engine = LLMEngine(model=str(tiny_qwen3_dir), num_gpu_blocks_override=10, block_size=16, stream_outputs=False)
+    engine = LLMEngine(model=str(tiny_qwen3_dir), num_gpu_blocks_override=10, block_size=16, max_model_len=160,
+                       stream_outputs=False)
     preempted = []
     schedule = engine.scheduler.schedule
 

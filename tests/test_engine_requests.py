@@ -1,8 +1,10 @@
 """LLM / LLMEngine request handling on a tiny random Qwen3 (CPU): stop conditions and their
 finish reasons, several EOS ids, bad input (ValueError, engine still usable), unknown keyword
-arguments, abort, and streaming outputs."""
+arguments, abort, streaming outputs, recovery from an exception inside a step, and the KV-cache
+size check at start."""
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -205,3 +207,91 @@ def test_async_scheduling_equals_synchronous(tiny_qwen3_dir, reference):
                           for c in o.outputs] for o in outputs]
     assert results[True] == results[False]
     assert results[True][0][0][2:4] == ("stop", stop) and results[True][4][0][2:4] == ("stop", token)
+
+
+RECOVERY_PROMPTS = [PROMPT, PROMPT[:7], PROMPT[2:]]
+RECOVERY_PARAMS = [_greedy(), SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=25, ignore_eos=True),
+                   _greedy(max_tokens=13, logprobs=2)]
+
+
+def _completions(outputs):
+    """Tokens, text, finish reason and logprob (rounded: another batch split moves the last digits)."""
+    return [[(c.token_ids, c.text, c.finish_reason, None if c.cumulative_logprob is None
+              else round(c.cumulative_logprob, 3)) for c in o.outputs] for o in outputs]
+
+
+@pytest.mark.parametrize("async_scheduling, method, error, failing_call", [
+    (True, "collect", KeyboardInterrupt, 3),   # step 3's ids lost while step 4 is in flight
+    (True, "launch", KeyboardInterrupt, 3),    # step 3 never launched, step 2's ids not yet back
+    (True, "collect", RuntimeError, 4),
+    (False, "execute", KeyboardInterrupt, 3),
+], ids=["async-collect-interrupt", "async-launch-interrupt", "async-collect-error", "sync-execute-interrupt"])
+def test_exception_inside_a_step_leaves_the_engine_consistent(tiny_qwen3_dir, llm, monkeypatch, async_scheduling,
+                                                             method, error, failing_call):
+    """The interrupted call's requests are aborted and their blocks freed, the step in flight is
+    dropped, and the next generate gives what a fresh engine gives."""
+    expected = _completions(llm.generate(RECOVERY_PROMPTS, RECOVERY_PARAMS, use_tqdm=False))
+    other = LLM(str(tiny_qwen3_dir), async_scheduling=async_scheduling, max_num_batched_tokens=32)
+    try:
+        engine = other.llm_engine
+        executor = engine.executor
+        real = getattr(executor, method)
+        calls = itertools.count(1)
+
+        def fail_once(*args):
+            if next(calls) == failing_call:
+                raise error("injected failure")
+            return real(*args)
+
+        monkeypatch.setattr(executor, method, fail_once)
+        with pytest.raises(error, match="injected failure"):
+            other.generate(RECOVERY_PROMPTS, RECOVERY_PARAMS, use_tqdm=False)
+        assert not engine.has_unfinished_requests() and not engine.scheduler.has_unfinished()
+        assert engine.scheduler.block_manager.num_free_blocks == engine.num_blocks
+        again = other.generate(RECOVERY_PROMPTS, RECOVERY_PARAMS, use_tqdm=False)
+        assert _completions(again) == expected
+        assert engine.scheduler.block_manager.num_free_blocks == engine.num_blocks
+    finally:
+        other.shutdown()
+
+
+def test_streaming_engine_step_failure_aborts_only_the_step_requests(tiny_qwen3_dir, reference, monkeypatch):
+    """A failing LLMEngine.step() aborts the requests it had scheduled; a request still waiting
+    keeps its place and finishes as usual."""
+    engine = LLMEngine(model=str(tiny_qwen3_dir), max_num_seqs=1)
+    try:
+        engine.add_request("running", PROMPT, _greedy())
+        engine.add_request("waiting", PROMPT, _greedy())
+        engine.step()
+        real = engine.executor.collect
+        calls = itertools.count(1)
+
+        def fail_once():
+            if next(calls) == 2:
+                raise RuntimeError("injected failure")
+            return real()
+
+        monkeypatch.setattr(engine.executor, "collect", fail_once)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            while True:
+                engine.step()
+        assert engine.get_num_unfinished_requests() == 1
+        finals = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        assert list(finals) == ["waiting"] and finals["waiting"].outputs[0].token_ids == reference.token_ids
+        assert engine.scheduler.block_manager.num_free_blocks == engine.num_blocks
+    finally:
+        engine.shutdown()
+
+
+def test_kv_cache_smaller_than_one_sequence_is_refused(tiny_qwen3_dir):
+    with pytest.raises(ValueError) as info:
+        LLMEngine(model=str(tiny_qwen3_dir), num_gpu_blocks_override=4, block_size=16)   # 64 < 512 tokens
+    for knob in ("gpu_memory_utilization", "max_model_len", "num_gpu_blocks_override"):
+        assert knob in str(info.value)
+    engine = LLMEngine(model=str(tiny_qwen3_dir), num_gpu_blocks_override=4, block_size=16, max_model_len=64)
+    assert engine.num_blocks == 4
+    engine.shutdown()

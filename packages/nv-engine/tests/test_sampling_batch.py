@@ -10,9 +10,9 @@ import torch
 
 from nv_engine.outputs import Logprob
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
-from nv_engine.sampling_batch import (SamplingBatchBuilder, SamplingRow, sequence_seed, step_result_fields,
-                                      unpack_results)
+from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
+from nv_engine.step import StepResult
 from nv_layers.sampler import Sampler
 
 VOCAB = 64
@@ -118,7 +118,7 @@ def test_unpack_results_builds_logprob_dicts():
             SamplingRow(SamplingParams(temperature=0.0), 0, 0),
             SamplingRow(SamplingParams(temperature=0.0, logprobs=0), 0, 0)]
     batch, _, out = sample(rows, logits.contiguous())
-    results = unpack_results(step_result_fields(out), batch.logprob_counts)
+    results = unpack_results(_host_result(out), batch.logprob_counts)
     assert [r.token_id for r in results] == [0, 0, 0]
     assert results[1].logprobs is None and results[1].logprob is None
     assert list(results[2].logprobs) == [0] and results[2].logprobs[0].rank == 1
@@ -128,13 +128,20 @@ def test_unpack_results_builds_logprob_dicts():
     assert top[0] == Logprob(pytest.approx(float(lp[0])), 1)
     assert top[1].logprob == pytest.approx(float(lp[1]))
     # A sampled token outside the top k still appears, with its own rank.
-    fields = step_result_fields(out)
-    fields["token_ids"][0], fields["logprobs"][0], fields["ranks"][0] = 9, float(lp[9]), 10
-    moved = unpack_results(fields, batch.logprob_counts)[0].logprobs
+    moved_result = _host_result(out)
+    moved_result.token_ids[0], moved_result.logprobs[0], moved_result.ranks[0] = 9, float(lp[9]), 10
+    moved = unpack_results(moved_result, batch.logprob_counts)[0].logprobs
     assert list(moved) == [9, 0, 1] and moved[9].rank == 10
-    assert unpack_results(out, batch.logprob_counts)[0] == results[0]
     with pytest.raises(ValueError, match="rows"):
-        unpack_results(out, [None])
+        unpack_results(_host_result(out), [None])
+
+
+def _host_result(out) -> StepResult:
+    """The sampler's tensors as the StepResult the runner sends back."""
+    def host(t):
+        return None if t is None else t.tolist()
+    return StepResult(token_ids=host(out.token_ids), logprobs=host(out.logprobs), ranks=host(out.ranks),
+                      topk_ids=host(out.topk_ids), topk_logprobs=host(out.topk_logprobs))
 
 
 def test_sequence_seed():

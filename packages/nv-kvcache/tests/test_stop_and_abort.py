@@ -90,8 +90,8 @@ def test_stop_rules_validate():
 
 
 def test_sequence_fields():
-    a, b = Sequence([3, 4]), Sequence([5], seq_id=10**9, payload="req-1")
-    assert a.seq_id != b.seq_id and b.seq_id == 10**9 and b.payload == "req-1"
+    a, b = Sequence([3, 4]), Sequence([5], seq_id=10**9)
+    assert a.seq_id != b.seq_id and b.seq_id == 10**9
     a.append_token(7)
     assert a.token_ids == [3, 4, 7] and a.output_token_ids == [7] and a.prompt_token_ids == [3, 4]
     assert (a.num_tokens, a.num_prompt_tokens, a.num_output_tokens, a.last_token_id) == (3, 2, 1, 7)
@@ -145,3 +145,57 @@ def test_finish_by_engine_side_stop():
     assert sched.finish(seq.seq_id) is seq
     assert seq.finish_reason is FinishReason.STOP and seq.block_table == []
     assert sched.block_manager.num_free_blocks == 64 and sched.num_running == 0
+
+
+PLACEHOLDER = -1
+
+
+def generate_overlapped(sched: Scheduler, seqs: list[Sequence], scripts: list[list[int]]) -> list[Sequence]:
+    """Run seqs as an engine with async scheduling does: postprocess each step with placeholders,
+    schedule the next step, then resolve the placeholders with the scripted ids."""
+    for seq in seqs:
+        sched.add(seq)
+    tokens = {seq.seq_id: iter(script) for seq, script in zip(seqs, scripts)}
+    stopped_late = []
+    out = sched.schedule()
+    while not out.is_empty:
+        sched.postprocess(out, [PLACEHOLDER] * len(out.sampling))
+        following = sched.schedule()
+        real = [next(tokens[entry.seq.seq_id]) for entry in out.sampling]
+        stopped_late += sched.resolve_placeholders(out, real, PLACEHOLDER)
+        check_invariants(sched)
+        out = following
+    assert all(seq.is_finished and seq.block_table == [] for seq in stopped_late)
+    return seqs
+
+
+def test_resolved_placeholders_give_the_synchronous_outcome():
+    cases = [(StopRules(max_tokens=10, eos_token_ids={2}), [5, 6, 2, 9, 9]),
+             (StopRules(max_tokens=10, min_tokens=3, eos_token_ids={2}, stop_token_ids={4}), [2, 4, 5, 4, 9, 9]),
+             (StopRules(max_tokens=3, eos_token_ids={2}), [5, 6, 2, 9]),          # stop id on the last token
+             (StopRules(max_tokens=4, ignore_eos=True, eos_token_ids={2}), [2, 2, 2, 2, 9])]
+    synchronous = [generate(make(), Sequence([1, 3], rules), script) for rules, script in cases]
+    sched = make()
+    overlapped = generate_overlapped(sched, [Sequence([1, 3], rules) for rules, _ in cases],
+                                     [script for _, script in cases])
+    for sync, late in zip(synchronous, overlapped):
+        assert late.output_token_ids == sync.output_token_ids and PLACEHOLDER not in late.token_ids
+        assert (late.finish_reason, late.stop_token_id) == (sync.finish_reason, sync.stop_token_id)
+    assert not sched.has_unfinished() and sched.block_manager.num_free_blocks == 64
+    with pytest.raises(ValueError, match="sampled token ids"):
+        sched.resolve_placeholders(sched.schedule(), [1], PLACEHOLDER)
+
+
+def test_discarded_step_is_scheduled_again():
+    sched = make()
+    seq = Sequence([1, 2, 3, 4, 5], StopRules(max_tokens=2))
+    sched.add(seq)
+    first = sched.schedule()
+    sched.discard_pending()                      # its run failed: nothing was computed
+    again = sched.schedule()                     # no "schedule() called twice"
+    assert [(e.seq, e.num_new_tokens) for e in again.scheduled] == [(e.seq, e.num_new_tokens) for e in first.scheduled]
+    sched.postprocess(again, [7])
+    assert seq.output_token_ids == [7] and seq.num_computed_tokens == 5
+    sched.discard_pending()
+    sched.abort(seq.seq_id)
+    assert sched.block_manager.num_free_blocks == 64 and not sched.has_unfinished()

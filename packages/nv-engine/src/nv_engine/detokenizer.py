@@ -10,7 +10,12 @@ Each stop string is searched in the new text plus (its length - 1) characters be
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers.decoders import DecodeStream
+    from transformers import PreTrainedTokenizerBase
 
 # Prompt tokens kept as decoding context, as vLLM does (INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET).
 PROMPT_CONTEXT_TOKENS = 5
@@ -25,7 +30,7 @@ class IncrementalDetokenizer:
     Stop strings are only looked for once more than `min_tokens` output tokens exist (vLLM v1).
     """
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], *,
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: Sequence[int], *,
                  skip_special_tokens: bool = True, stop: Iterable[str] = (),
                  include_stop_str_in_output: bool = False, min_tokens: int = 0,
                  use_decode_stream: bool = True) -> None:
@@ -108,8 +113,8 @@ class IncrementalDetokenizer:
         return self.text[:max(0, len(self.text) - self.stop_buffer_length)]
 
 
-def _make_decode_stream(tokenizer: Any, skip_special_tokens: bool, context: list[int]
-                        ) -> tuple[Any, Any]:
+def _make_decode_stream(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool, context: list[int]
+                        ) -> tuple[DecodeStream, RustTokenizer] | tuple[None, None]:
     """A primed tokenizers.decoders.DecodeStream (Rust, ~10x faster than two decodes per token)
     for a fast HF tokenizer, or (None, None) when unavailable (slow tokenizer, old tokenizers)."""
     backend = getattr(tokenizer, "_tokenizer", None)
@@ -142,7 +147,7 @@ def find_stop_string(text: str, stop: Sequence[str], new_from: int) -> tuple[str
     return best
 
 
-def decode_token(tokenizer: Any, token_id: int) -> str:
+def decode_token(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
     """One token's text, for Logprob.decoded_token (may be partial UTF-8, shown as U+FFFD)."""
     return tokenizer.decode([int(token_id)], skip_special_tokens=False,
                             clean_up_tokenization_spaces=False)

@@ -2,8 +2,9 @@
 
 A step: the Scheduler picks sequences and token counts; a StepBuilder turns them into numpy arrays;
 the executor runs the ModelRunner on every rank; the Scheduler appends the sampled ids and applies
-token stop rules; the engine then detokenizes, applies stop strings, records logprobs and builds
-RequestOutputs. A request with n > 1 is n sequences; the siblings of the first are added once the
+token stop rules; the engine sends a SequenceUpdate per sequence with news to its OutputProcessor,
+which detokenizes, applies stop strings, records logprobs and builds the RequestOutputs (and names
+the sequences a stop string ended, which the engine then finishes in the scheduler). A request with n > 1 is n sequences; the siblings of the first are added once the
 first has computed the prompt, so they share its prompt blocks through the prefix cache.
 
 Async scheduling (tensor_parallel_size 1): step N+1 is scheduled and launched before step N's ids
@@ -13,26 +14,35 @@ runs step N+1 the engine patches in step N's real ids, applies EOS / stop ids an
 (a sequence that stops there computes one extra token, dropped) and builds the outputs. So the
 CPU work of a step hides behind the GPU work of the next. Requests with penalties (which need
 every output id on the host when sampling) turn it off while they run.
+
+After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
+scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
+dropped, so the next step starts clean.
 """
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from nv_kvcache import FinishReason, Scheduler, SchedulerOutput, Sequence
+from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
 
 from nv_engine.config import EngineConfig
 from nv_engine.engine_args import EngineArgs
-from nv_engine.detokenizer import IncrementalDetokenizer
-from nv_engine.engine_requests import Completion, Request, eos_token_ids, load_tokenizer, prompt_to_ids
-from nv_engine.step import PLACEHOLDER_TOKEN, StepResult
-from nv_engine.step_builder import StepBuilder
-from nv_engine.output_processor import apply_async_tokens, process_samples
+from nv_engine.engine_core_output import SequenceUpdate
+from nv_engine.engine_requests import Prompt, eos_token_ids, load_tokenizer, prompt_to_ids
+from nv_engine.engine_sequence import EngineSequence
+from nv_engine.output_processor import OutputProcessor
 from nv_engine.outputs import RequestOutput
-from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed
+from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
+from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepResult
+from nv_engine.step_builder import StepBuilder
+
+if TYPE_CHECKING:
+    from nv_engine.executor import Executor
 
 logger = logging.getLogger(__name__)
 
@@ -42,36 +52,40 @@ class _Launched:
     """A step handed to the runner: its schedule, sampler inputs, and (synchronous runs) its result."""
 
     out: SchedulerOutput
-    batch: Any
+    batch: SamplingBatch | None
     result: StepResult | None
     tokens: tuple[int, int]          # (prompt tokens computed, tokens sampled)
 
 
 class LLMEngine:
-    """`LLMEngine(config)` or `LLMEngine(model=..., **LLM keyword arguments)`.
+    """`LLMEngine(config)` or `LLMEngine(model=..., **EngineConfig keyword arguments)`.
 
     stream_outputs=True: step() returns every request that produced tokens (full text so far).
     stream_outputs=False: only finished requests (text decoded once at the end unless the request
-    has stop strings): what LLM.generate uses."""
+    has stop strings): what LLM.generate uses. Async scheduling follows config.async_scheduling
+    (None: on when one rank runs the model; the other ranks would need the sampled ids too)."""
 
     def __init__(self, config: EngineConfig | None = None, *, stream_outputs: bool = True,
-                 async_scheduling: bool | None = None, **kwargs: Any) -> None:
+                 **kwargs: object) -> None:
         if config is None:
             if "model" not in kwargs:
                 raise TypeError("LLMEngine needs an EngineConfig or model=...")
-            config = EngineArgs.from_kwargs(kwargs.pop("model"), **kwargs).create_engine_config()
+            model = kwargs.pop("model")
+            if not isinstance(model, str):
+                raise TypeError(f"model must be a string, got {type(model).__name__}")
+            config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
         elif kwargs:
             raise TypeError(f"unexpected keyword argument(s) {sorted(kwargs)} next to an EngineConfig")
         from nv_engine.executor import create_executor
 
         self.config = config
-        self.stream_outputs = stream_outputs
         self.tokenizer = load_tokenizer(config)
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self.vocab_size = int(config.hf_config.vocab_size)
-        self.executor = create_executor(config)
+        self.executor: Executor | None = create_executor(config)
         try:
             self.num_blocks = int(self.executor.determine_num_blocks())
+            self._check_kv_cache_holds_one_sequence()
             self.executor.allocate_kv_cache(self.num_blocks)
             self.executor.capture_cudagraphs()
         except BaseException:
@@ -83,19 +97,32 @@ class LLMEngine:
             enable_prefix_caching=config.enable_prefix_caching)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
+        self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=stream_outputs)
         self.rng = random.Random(config.seed)
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
-        # None: on when one rank runs the model (other ranks would need the sampled ids too)
-        if async_scheduling is None:
-            async_scheduling = config.async_scheduling
-        self.async_scheduling = (config.tensor_parallel_size == 1 if async_scheduling is None
-                                 else bool(async_scheduling))
+        self.async_scheduling = (config.tensor_parallel_size == 1 if config.async_scheduling is None
+                                 else bool(config.async_scheduling))
         self._inflight: _Launched | None = None
+        self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
+        self._num_uncollected = 0                      # launched steps whose result is not collected
         self._num_penalty_requests = 0
 
+    def _check_kv_cache_holds_one_sequence(self) -> None:
+        config = self.config
+        capacity = self.num_blocks * config.block_size
+        if capacity < config.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of {config.block_size}), "
+                f"fewer than one max_model_len={config.max_model_len} sequence: raise "
+                f"gpu_memory_utilization (or num_gpu_blocks_override), or lower max_model_len")
+
+    @property
+    def stream_outputs(self) -> bool:
+        return self.output_processor.stream_outputs
+
     # ---- requests ----------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None) -> None:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         """Queue a request. ValueError (engine unchanged) for a bad prompt or parameters."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -113,53 +140,46 @@ class LLMEngine:
         params.prepare_for_model(self.vocab_size, self.tokenizer)
         rules = params.stop_rules(self.eos_token_ids, max_model_len=self.config.max_model_len,
                                   prompt_len=len(ids))
-        request = Request(request_id, prompt_text, ids, params, rules)
-        self.scheduler.add(self._new_sequence(request))   # may raise ValueError: nothing kept yet
-        self.requests[request_id] = request
+        first = self._new_sequence(request_id, 0, ids, rules, params)
+        self.scheduler.add(first)                          # may raise ValueError: nothing kept yet
+        self.output_processor.add_request(request_id, prompt_text, ids, params)
+        seqs = [first]
+        self.requests[request_id] = seqs
         self._num_penalty_requests += params.needs_output_token_ids
         if params.n > 1 and not self.config.enable_prefix_caching:
-            self.add_siblings(request)                     # nothing to share: batch them at once
+            self._add_siblings(seqs)                       # nothing to share: batch them at once
 
-    def _new_sequence(self, request: Request) -> Sequence:
-        index = len(request.completions)
-        params = request.params
-        detok = None
-        if self.tokenizer is not None and (self.stream_outputs or params.stop):
-            detok = IncrementalDetokenizer(
-                self.tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
-                stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
-                min_tokens=params.min_tokens)
-        completion = Completion(request, index, sequence_seed(params.seed, index, self.rng), detok,
-                                logprobs=[] if params.logprobs is not None else None)
-        # Quiet: no text, logprobs, streaming or siblings to handle until it finishes.
-        completion.quiet = (detok is None and params.logprobs is None and not self.stream_outputs
-                            and (params.n == 1 or index > 0))
-        completion.stop_ids = request.rules.stopping_ids
-        seq = Sequence(request.prompt_token_ids, request.rules, payload=completion)
-        completion.seq = seq
-        request.completions.append(completion)
-        return seq
+    def _new_sequence(self, request_id: str, index: int, prompt_token_ids: list[int], rules: StopRules,
+                      params: SamplingParams) -> EngineSequence:
+        # The first of n > 1 reports its first token: its siblings are added then.
+        reports = self.output_processor.needs_every_token(params) or (index == 0 and params.n > 1)
+        return EngineSequence(prompt_token_ids, rules, request_id=request_id, index=index, params=params,
+                              seed=sequence_seed(params.seed, index, self.rng), reports_each_token=reports)
 
-    def add_siblings(self, request: Request) -> None:
-        while len(request.completions) < request.params.n:
-            self.scheduler.add(self._new_sequence(request))
+    def _add_siblings(self, seqs: list[EngineSequence]) -> None:
+        """Add completions 1..n-1 of seqs[0]'s request (after it computed the prompt, they find its
+        blocks in the prefix cache)."""
+        first = seqs[0]
+        params = first.params
+        while len(seqs) < params.n:
+            seq = self._new_sequence(first.request_id, len(seqs), first.prompt_token_ids, first.rules, params)
+            self.scheduler.add(seq)
+            seqs.append(seq)
+        first.reports_each_token = self.output_processor.needs_every_token(params)
 
-    def on_request_finished(self, request: Request) -> None:
-        self._num_penalty_requests -= request.params.needs_output_token_ids
-
-    def abort_request(self, request_id: str | list[str]) -> None:
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Abort requests (unknown or finished ids are ignored); their blocks are freed."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
-            request = self.requests.pop(rid, None)
-            if request is None:
+            seqs = self.requests.pop(rid, None)
+            if seqs is None:
                 continue
-            self.on_request_finished(request)
-            for completion in request.completions:
-                if completion.finish_reason is None:
-                    completion.finish_reason = FinishReason.ABORT   # an in-flight step skips it
-                if self.scheduler.abort(completion.seq.seq_id) is not None:
-                    self.step_builder.release(completion.seq.seq_id)
+            self._num_penalty_requests -= seqs[0].params.needs_output_token_ids
+            for seq in seqs:
+                seq.reported_finished = True               # a step in flight drops its token
+                if self.scheduler.abort(seq.seq_id) is not None:
+                    self.step_builder.release(seq.seq_id)
+        self.output_processor.abort_requests(ids)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -171,39 +191,55 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; the outputs of the requests that got tokens (stream_outputs) or finished.
         With async scheduling the next step is already running on the device when this returns."""
+        try:
+            return self._step()
+        except BaseException:
+            self._abandon_open_steps()
+            raise
+
+    def _step(self) -> list[RequestOutput]:
+        scheduler = self.scheduler
         launched, self._inflight = self._inflight, None
         if launched is None:
-            out = self.scheduler.schedule()
+            out = scheduler.schedule()
             if out.is_empty:
-                if self.scheduler.has_unfinished():
+                if scheduler.has_unfinished():
                     raise RuntimeError("the scheduler could not schedule any waiting sequence")
                 self.last_step_tokens = (0, 0)
                 return []
+            self._open_steps = [out]
             launched = self._launch(out, None)
         self.last_step_tokens = launched.tokens
         out = launched.out
         if launched.result is None and self._num_penalty_requests == 0:
-            for seq in self.scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
+            for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
-            following = self.scheduler.schedule()
+            following = scheduler.schedule()
             if not following.is_empty:
+                self._open_steps.append(following)
                 self._inflight = self._launch(following, launched)
-            result = self.executor.collect()
-            apply_async_tokens(self, out.sampling, result.token_ids)
-        else:
-            result = launched.result if launched.result is not None else self.executor.collect()
-            for seq in self.scheduler.postprocess(out, result.token_ids):
+            result = self._collect()
+            for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
                 self.step_builder.release(seq.seq_id)
-        return process_samples(self, out.sampling, result, launched.batch)
+        else:
+            result = launched.result if launched.result is not None else self._collect()
+            for seq in scheduler.postprocess(out, result.token_ids):
+                self.step_builder.release(seq.seq_id)
+        outputs = self._report(out.sampling, result, launched.batch)
+        self._open_steps = [self._inflight.out] if self._inflight is not None else []
+        return outputs
 
     def _launch(self, out: SchedulerOutput, previous: _Launched | None) -> _Launched:
         """Build the step's inputs and hand it to the runner (launch only, when async)."""
         sampling = out.sampling
         batch = None
         if sampling:
-            batch = self.sampling_builder.build([
-                SamplingRow(s.seq.payload.request.params, s.seq.payload.seed, s.seq.num_output_tokens,
-                            s.seq.prompt_token_ids, s.seq.output_token_ids) for s in sampling])
+            rows = []
+            for entry in sampling:
+                seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the engine adds only these
+                rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
+                                        seq.prompt_token_ids, seq.output_token_ids))
+            batch = self.sampling_builder.build(rows)
         prev_index = None
         if previous is not None and previous.out.sampling:
             prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
@@ -211,11 +247,91 @@ class LLMEngine:
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)))
+        executor = self._live_executor()
         if self.async_scheduling:
-            self.executor.launch(step_input)
+            executor.launch(step_input)
+            self._num_uncollected += 1
         else:
-            launched.result = self.executor.execute(step_input)
+            launched.result = executor.execute(step_input)
+            if launched.result is None:
+                raise RuntimeError("the executor returned no result for a step")
         return launched
+
+    def _collect(self) -> StepResult:
+        result = self._live_executor().collect()
+        self._num_uncollected -= 1
+        if result is None:
+            raise RuntimeError("the executor returned no result for a step")
+        return result
+
+    def _report(self, sampling: list[ScheduledSeq], result: StepResult,
+                batch: SamplingBatch | None) -> list[RequestOutput]:
+        """Tell the output processor about the step's sequences that have news; finish the ones
+        it says a stop string ended."""
+        samples = None
+        if batch is not None and batch.flags.get("need_logprobs"):
+            samples = unpack_results(result, batch.logprob_counts)
+        updates: list[SequenceUpdate] = []
+        for i, entry in enumerate(sampling):
+            seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the engine adds only these
+            finished = seq.is_finished
+            if not (finished or seq.reports_each_token) or seq.reported_finished:
+                continue                                   # nothing to report this step
+            output = seq.output_token_ids
+            new_token_ids = output[seq.num_reported:]
+            seq.num_reported = len(output)
+            logprobs, logprob_delta = None, 0.0
+            if samples is not None and seq.params.logprobs is not None:
+                sample = samples[i]
+                if sample.logprobs is not None and sample.logprob is not None:
+                    logprobs, logprob_delta = [sample.logprobs], sample.logprob
+            updates.append(SequenceUpdate(
+                seq.request_id, seq.index, new_token_ids, logprobs, logprob_delta,
+                seq.finish_reason if finished else None, seq.stop_token_id, seq.num_cached_tokens))
+            if seq.index == 0 and seq.params.n > 1:
+                seqs = self.requests[seq.request_id]
+                if len(seqs) < seq.params.n:
+                    self._add_siblings(seqs)               # the prompt's blocks are now cached
+            if finished:
+                self._reported_finished(seq)
+        processed = self.output_processor.process(updates)
+        for request_id, index in processed.to_finish:
+            seq = self.requests[request_id][index]
+            if self.scheduler.finish(seq.seq_id, FinishReason.STOP) is not None:
+                self.step_builder.release(seq.seq_id)
+            self._reported_finished(seq)
+        return processed.request_outputs
+
+    def _reported_finished(self, seq: EngineSequence) -> None:
+        """The processor knows seq finished; the request is done once all its n are."""
+        seq.reported_finished = True
+        seqs = self.requests[seq.request_id]
+        if len(seqs) == seq.params.n and all(s.reported_finished for s in seqs):
+            del self.requests[seq.request_id]
+            self._num_penalty_requests -= seq.params.needs_output_token_ids
+
+    def _abandon_open_steps(self) -> None:
+        """After a failed step: abort the requests of every step scheduled but not reported (their
+        tokens may never come back), forget the scheduled step, and collect and drop every launched
+        result, so the next step starts from a consistent scheduler and runner."""
+        request_ids = {entry.seq.request_id for out in self._open_steps    # type: ignore[attr-defined]
+                       for entry in out.scheduled}
+        self._open_steps = []
+        self._inflight = None
+        self.scheduler.discard_pending()
+        while self._num_uncollected > 0 and self.executor is not None:
+            self._num_uncollected -= 1
+            try:
+                self.executor.collect()
+            except Exception:          # a broken runner: its next step reports the failure
+                logger.exception("dropping the results of a failed step")
+                self._num_uncollected = 0
+        self.abort_request(sorted(request_ids))
+
+    def _live_executor(self) -> Executor:
+        if self.executor is None:
+            raise RuntimeError("the engine was shut down")
+        return self.executor
 
     # ---- lifetime ----------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,83 +1,119 @@
-"""After a step's sampled ids are on the host: token stop rules for asynchronously scheduled steps,
-then detokenization, stop strings, logprobs, n > 1 siblings, and the RequestOutputs."""
+"""OutputProcessor: owns the per-request state the user sees (vLLM v1's OutputProcessor is the model).
+
+The engine core sends a SequenceUpdate per sequence it has news of; the processor detokenizes,
+applies stop strings, records logprobs and builds the RequestOutputs. It never sees a Sequence, the
+scheduler or the engine: a stop string that ends a still-running sequence is handed back in
+`ProcessedOutputs.to_finish` for the core to finish. Everything it takes is picklable, so it can
+run in a frontend process unchanged.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from nv_kvcache import FinishReason
 
-from nv_engine.detokenizer import decode_token
-from nv_engine.engine_requests import Completion, Request
-from nv_engine.step import PLACEHOLDER_TOKEN
+from nv_engine.completion_state import CompletionState
+from nv_engine.detokenizer import IncrementalDetokenizer, decode_token
+from nv_engine.engine_core_output import SequenceUpdate
+from nv_engine.engine_requests import Tokenizer
 from nv_engine.outputs import RequestOutput
-from nv_engine.sampling_batch import unpack_results
+from nv_engine.request_state import RequestState
+from nv_engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from nv_engine.llm_engine import LLMEngine
-
-
-def apply_async_tokens(engine: "LLMEngine", sampling: list, token_ids: list[int]) -> None:
-    """The step was postprocessed with placeholders (so the next step could be scheduled before its
-    ids came back): put the real ids in, and apply the token stop rules the scheduler could not
-    (EOS / stop ids, after min_tokens); max_tokens / max_model_len were applied on time."""
-    for entry, token_id in zip(sampling, token_ids):
-        seq = entry.seq
-        if not seq.token_ids or seq.token_ids[-1] != PLACEHOLDER_TOKEN:
-            continue                                   # finished or aborted before this step ended
-        seq.token_ids[-1] = token_id
-        output = seq.output_token_ids
-        output[-1] = token_id
-        completion: Completion = seq.payload
-        if token_id in completion.stop_ids and len(output) >= seq.rules.min_tokens:
-            seq.stop_token_id = token_id
-            if seq.is_finished:                        # it also reached its length limit now
-                seq.finish_reason = FinishReason.STOP
-            else:                                      # stops one step late: its next token is dropped
-                engine.scheduler.finish(seq.seq_id, FinishReason.STOP)
-                engine.step_builder.release(seq.seq_id)
+_STOP = FinishReason.STOP
 
 
-def process_samples(engine: "LLMEngine", sampling: list, result: Any, batch: Any) -> list[RequestOutput]:
-    samples = None
-    if batch is not None and any(c is not None for c in batch.logprob_counts):
-        samples = unpack_results(result, batch.logprob_counts)
-    tokenizer = engine.tokenizer
-    touched: dict[str, Request] = {}
-    for i, entry in enumerate(sampling):
-        seq = entry.seq
-        completion: Completion = seq.payload
-        if completion.quiet and not seq.is_finished:
-            continue                                   # nothing to record or report this step
-        if completion.finish_reason is not None:
-            continue                                   # ended earlier (stopped late, or aborted)
-        request = completion.request
-        token_id = result.token_ids[i]
-        if samples is not None and completion.logprobs is not None:
-            sample = samples[i]
-            for tok, logprob in sample.logprobs.items():
-                logprob.decoded_token = decode_token(tokenizer, tok) if tokenizer is not None else None
-            completion.logprobs.append(sample.logprobs)
-            completion.cumulative_logprob += sample.logprob
-        stopped_by_token = seq.is_finished and seq.finish_reason is FinishReason.STOP
-        if completion.detok is not None and completion.detok.update([token_id]) and not stopped_by_token:
-            completion.stop_reason = completion.detok.stop_reason
-            if not seq.is_finished:
-                engine.scheduler.finish(seq.seq_id, FinishReason.STOP)
-                engine.step_builder.release(seq.seq_id)
-            completion.finish_reason = FinishReason.STOP
-        if seq.is_finished and completion.finish_reason is None:
-            completion.finish_reason = seq.finish_reason
-            if seq.stop_token_id is not None and seq.stop_token_id in request.params.stop_token_ids:
-                completion.stop_reason = seq.stop_token_id
-        if completion.index == 0 and len(request.completions) < request.params.n:
-            engine.add_siblings(request)               # the prompt's blocks are now cached
-        touched[request.request_id] = request
-    outputs = []
-    for request in touched.values():
-        finished = request.finished
-        if finished:
-            engine.requests.pop(request.request_id, None)
-            engine.on_request_finished(request)
-        if finished or engine.stream_outputs:
-            outputs.append(request.to_output(tokenizer))
-    return outputs
+class ProcessedOutputs(NamedTuple):
+    request_outputs: list[RequestOutput]   # streaming: every request with news; else finished ones
+    to_finish: list[tuple[str, int]]       # (request_id, index) sequences a stop string ended
+
+
+class OutputProcessor:
+    """stream_outputs=True: `process` returns every request that got tokens (full text so far).
+    stream_outputs=False: only finished requests, text decoded once at the end unless the request
+    has stop strings."""
+
+    def __init__(self, tokenizer: Tokenizer | None, *, stream_outputs: bool) -> None:
+        self.tokenizer = tokenizer
+        self.stream_outputs = stream_outputs
+        self.requests: dict[str, RequestState] = {}
+
+    def needs_every_token(self, params: SamplingParams) -> bool:
+        """Whether a request with these parameters needs an update after every step (else only the
+        final one, with every token)."""
+        return (self.stream_outputs or params.logprobs is not None
+                or (bool(params.stop) and self.tokenizer is not None))
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        detokenize = self.tokenizer is not None and (self.stream_outputs or bool(params.stop))
+        completions = [
+            CompletionState(
+                index, params.skip_special_tokens,
+                IncrementalDetokenizer(
+                    self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
+                    stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
+                    min_tokens=params.min_tokens) if detokenize else None,
+                logprobs=[] if params.logprobs is not None else None)
+            for index in range(params.n)]
+        self.requests[request_id] = RequestState(request_id, prompt, prompt_token_ids, params, completions)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Forget these requests (unknown ids are ignored); later updates for them are dropped."""
+        for request_id in request_ids:
+            self.requests.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def process(self, updates: Iterable[SequenceUpdate]) -> ProcessedOutputs:
+        tokenizer = self.tokenizer
+        requests = self.requests
+        touched: dict[str, RequestState] = {}
+        to_finish: list[tuple[str, int]] = []
+        for update in updates:
+            request_id = update.request_id
+            state = requests.get(request_id)
+            if state is None:
+                continue                               # aborted
+            completion = state.completions[update.completion_index]
+            if completion.finish_reason is not None:
+                continue                               # a stop string ended it already
+            new_ids = update.new_token_ids
+            completion.token_ids.extend(new_ids)
+            if update.completion_index == 0:
+                state.num_cached_tokens = update.num_cached_tokens
+            if update.logprobs is not None and completion.logprobs is not None:
+                if tokenizer is not None:
+                    for sample in update.logprobs:
+                        for token_id, logprob in sample.items():
+                            logprob.decoded_token = decode_token(tokenizer, token_id)
+                completion.logprobs.extend(update.logprobs)
+                completion.cumulative_logprob += update.cumulative_logprob_delta
+            reason = update.finish_reason
+            detokenizer = completion.detokenizer
+            # A stop id outranks a stop string completed by the same token.
+            if detokenizer is not None and detokenizer.update(new_ids) and reason is not _STOP:
+                completion.stop_reason = detokenizer.stop_reason
+                completion.finish_reason = _STOP
+                if reason is None:
+                    to_finish.append((request_id, update.completion_index))
+            elif reason is not None:
+                completion.finish_reason = reason
+                if update.stop_token_id is not None and update.stop_token_id in state.params.stop_token_ids:
+                    completion.stop_reason = update.stop_token_id
+            touched[request_id] = state
+        outputs = []
+        for state in touched.values():
+            finished = state.finished
+            if finished:
+                del requests[state.request_id]
+            if finished or self.stream_outputs:
+                outputs.append(state.to_output(tokenizer))
+        return ProcessedOutputs(outputs, to_finish)

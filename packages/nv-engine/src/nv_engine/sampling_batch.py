@@ -1,5 +1,5 @@
 """Per-step sampling inputs: SamplingParams rows -> SamplingBatch (host, numpy, picklable) ->
-SamplingTensors (device), and the sampled ids / logprobs back to per-sequence results.
+SamplingTensors (device), and a StepResult's sampled ids / logprobs back to per-sequence results.
 
 It runs every step at batch ~256, so the parts that follow the requests' parameters (temperature,
 top-k/p, min-p, penalty factors, flags) are cached while the rows' SamplingParams objects are the
@@ -16,13 +16,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
 from nv_engine.outputs import Logprob
 from nv_engine.sampling_params import SAMPLING_EPS, SamplingParams
-from nv_layers.sampler import SamplerOutput
-
-from nv_engine.step import SamplingBatch
+from nv_engine.step import SamplingBatch, StepResult
 
 _static_ids = itertools.count(1)
 
@@ -166,43 +163,22 @@ class SampleResult(NamedTuple):
     logprobs: dict[int, Logprob] | None  # chosen token + top `logprobs` tokens
 
 
-def step_result_fields(out: SamplerOutput) -> dict[str, list | None]:
-    """SamplerOutput -> plain lists (the one host sync of a step), as StepResult's fields."""
-    def host(t: torch.Tensor | None) -> list | None:
-        return None if t is None else t.tolist()
-    return dict(token_ids=host(out.token_ids), logprobs=host(out.logprobs), ranks=host(out.ranks),
-                topk_ids=host(out.topk_ids), topk_logprobs=host(out.topk_logprobs))
-
-
-def unpack_results(result: Any, logprob_counts: Sequence[int | None]) -> list[SampleResult]:
-    """Host results (StepResult-like: token_ids, logprobs, ranks, topk_ids, topk_logprobs as
-    lists or a dict of them, or a SamplerOutput) -> one SampleResult per row, with logprob dicts for the rows whose
+def unpack_results(result: StepResult, logprob_counts: Sequence[int | None]) -> list[SampleResult]:
+    """A step's host results -> one SampleResult per row, with logprob dicts for the rows whose
     request asked for them (`logprob_counts[i]` = that request's SamplingParams.logprobs)."""
-    if isinstance(result, SamplerOutput):
-        result = SimpleResult(**step_result_fields(result))
-    elif isinstance(result, dict):
-        result = SimpleResult(**result)
     token_ids = result.token_ids
     if len(token_ids) != len(logprob_counts):
         raise ValueError(f"{len(token_ids)} sampled ids for {len(logprob_counts)} rows")
     out = []
     for i, (token_id, count) in enumerate(zip(token_ids, logprob_counts)):
-        if count is None or result.logprobs is None:
+        if count is None or result.logprobs is None or result.ranks is None:
             out.append(SampleResult(token_id, None, None))
             continue
         chosen = float(result.logprobs[i])
         entries = {token_id: Logprob(chosen, int(result.ranks[i]))}
-        if count > 0 and result.topk_ids is not None:
+        if count > 0 and result.topk_ids is not None and result.topk_logprobs is not None:
             for rank, (tok, lp) in enumerate(zip(result.topk_ids[i][:count],
                                                  result.topk_logprobs[i][:count]), start=1):
                 entries.setdefault(tok, Logprob(float(lp), rank))
         out.append(SampleResult(token_id, chosen, entries))
     return out
-
-
-class SimpleResult(NamedTuple):
-    token_ids: list[int]
-    logprobs: list[float] | None
-    ranks: list[int] | None
-    topk_ids: list[list[int]] | None
-    topk_logprobs: list[list[float]] | None

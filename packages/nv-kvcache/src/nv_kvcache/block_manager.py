@@ -89,9 +89,6 @@ class BlockManager:
         """Free block ids in the order they will be handed out."""
         return list(self._free)
 
-    def cached_block_id(self, block_hash: int) -> int | None:
-        return self._hash_to_block.get(block_hash)
-
     def cdiv_blocks(self, num_tokens: int) -> int:
         """Blocks needed to hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)

@@ -244,11 +244,9 @@ class Scheduler:
             seq.token_ids.append(token_id)
             output = seq.output_token_ids
             output.append(token_id)
-            rules = seq.rules
-            if token_id in seq._stop_ids and len(output) >= rules.min_tokens:
-                seq.stop_token_id = token_id
+            if seq.stopped_by_token():
                 reason = FinishReason.STOP
-            elif len(output) >= rules.max_tokens or len(seq.token_ids) >= max_model_len:
+            elif len(output) >= seq.rules.max_tokens or len(seq.token_ids) >= max_model_len:
                 reason = FinishReason.LENGTH
             else:
                 continue
@@ -260,3 +258,34 @@ class Scheduler:
         if finished:
             self.running = [s for s in self.running if s.status is _RUNNING]
         return finished
+
+    def resolve_placeholders(self, out: SchedulerOutput, sampled_token_ids: list[int],
+                             placeholder: int) -> list[Sequence]:
+        """The step was postprocessed with `placeholder` ids (so the next step could be scheduled
+        before its ids came back): put the real ids in and apply the stop-id rule postprocess could
+        not (max_tokens / max_model_len were applied on time). A sequence that finished or was
+        aborted since keeps no placeholder and is skipped. Returns the sequences this finishes
+        (blocks freed); one already finished by length now finishes with STOP instead."""
+        if len(sampled_token_ids) != len(out.sampling):
+            raise ValueError(f"got {len(sampled_token_ids)} sampled token ids for "
+                             f"{len(out.sampling)} sampling sequences")
+        finished: list[Sequence] = []
+        for entry, token_id in zip(out.sampling, sampled_token_ids):
+            seq = entry.seq
+            if not seq.output_token_ids or seq.token_ids[-1] != placeholder:
+                continue
+            seq.token_ids[-1] = token_id
+            seq.output_token_ids[-1] = token_id
+            if not seq.stopped_by_token():
+                continue
+            if seq.status is _FINISHED:
+                seq.finish_reason = FinishReason.STOP
+            elif self.finish(seq.seq_id, FinishReason.STOP) is not None:
+                finished.append(seq)   # it stops one step late: its next token is dropped
+        return finished
+
+    def discard_pending(self) -> None:
+        """Forget the scheduled step that will never be postprocessed (its run failed). Its
+        sequences keep their blocks and recompute its tokens when scheduled again; those holding
+        a token that never came back must be finished by the caller."""
+        self._pending = None

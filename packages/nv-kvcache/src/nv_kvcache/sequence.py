@@ -6,7 +6,6 @@ import itertools
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 
 class SequenceStatus(enum.Enum):
@@ -79,13 +78,13 @@ class Sequence:
     __slots__ = (
         "seq_id", "prompt_token_ids", "output_token_ids", "token_ids", "status", "finish_reason",
         "stop_token_id", "num_computed_tokens", "num_cached_tokens", "block_table", "rules",
-        "payload", "num_preemptions",
+        "num_preemptions",
         # private, owned by the block manager / scheduler
         "_block_hashes", "_num_hashed_blocks", "_stop_ids", "_decode_entry",
     )
 
     def __init__(self, prompt_token_ids: Iterable[int], rules: StopRules | None = None, *,
-                 seq_id: int | None = None, payload: Any = None) -> None:
+                 seq_id: int | None = None) -> None:
         if rules is None:
             rules = StopRules()
         elif not isinstance(rules, StopRules):
@@ -111,7 +110,6 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.rules = rules
-        self.payload = payload
         self.num_preemptions = 0
         self._block_hashes: list[int] = []   # chained hashes of full blocks of token_ids, a prefix
         self._num_hashed_blocks = 0          # leading blocks of block_table registered in the cache
@@ -137,6 +135,15 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def stopped_by_token(self) -> bool:
+        """Whether the last token is an EOS / stop id that ends the sequence (once min_tokens
+        output tokens exist); records it as stop_token_id. The one place this rule is written."""
+        token_id = self.token_ids[-1]
+        if token_id in self._stop_ids and len(self.output_token_ids) >= self.rules.min_tokens:
+            self.stop_token_id = token_id
+            return True
+        return False
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -1,0 +1,49 @@
+"""CompletionState: what the output processor knows of one of a request's n completions."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nv_kvcache import FinishReason
+
+from nv_engine.detokenizer import IncrementalDetokenizer
+from nv_engine.engine_requests import Tokenizer
+from nv_engine.outputs import CompletionOutput, SampleLogprobs
+
+
+@dataclass(eq=False)
+class CompletionState:
+    """Token ids, text, logprobs and finish / stop reason of one completion, as reported so far.
+
+    Without a detokenizer the text is decoded once, when the completion finishes."""
+
+    index: int
+    skip_special_tokens: bool
+    detokenizer: IncrementalDetokenizer | None
+    logprobs: list[SampleLogprobs] | None = None     # per token: {token id: Logprob}
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None              # the stop string or stop token id that ended it
+    _final_text: str | None = None
+
+    def text(self, tokenizer: Tokenizer | None) -> str:
+        finished = self.finish_reason is not None
+        if self.detokenizer is not None:
+            return self.detokenizer.stream_text(finished)
+        if tokenizer is None or not finished:
+            return ""
+        if self._final_text is None:
+            # A multi-byte character cut at the end decodes to U+FFFD: dropped, as the incremental
+            # detokenizer never emits it either.
+            self._final_text = tokenizer.decode(
+                self.token_ids, skip_special_tokens=self.skip_special_tokens,
+                clean_up_tokenization_spaces=False).rstrip("\ufffd")
+        return self._final_text
+
+    def to_output(self, tokenizer: Tokenizer | None) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index, text=self.text(tokenizer), token_ids=list(self.token_ids),
+            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            finish_reason=self.finish_reason.value if self.finish_reason is not None else None,
+            stop_reason=self.stop_reason)

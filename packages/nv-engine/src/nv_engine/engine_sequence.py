@@ -1,0 +1,32 @@
+"""EngineSequence: an nv_kvcache Sequence with what the engine core needs to sample and report it."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nv_kvcache import Sequence, StopRules
+
+from nv_engine.sampling_params import SamplingParams
+
+
+class EngineSequence(Sequence):
+    """Completion `index` of request `request_id`.
+
+    reports_each_token: the output processor hears of it after every step it samples in (it
+    streams, detokenizes for stop strings, records logprobs, or its siblings wait for its prompt);
+    otherwise only once, when it finishes, with every output token (the batch-256 fast path).
+    num_reported: output tokens already sent; reported_finished: its final update was sent (or it
+    was aborted), so a step still in flight drops its token."""
+
+    __slots__ = ("index", "num_reported", "params", "reported_finished", "reports_each_token",
+                 "request_id", "seed")
+
+    def __init__(self, prompt_token_ids: Iterable[int], rules: StopRules, *, request_id: str,
+                 index: int, params: SamplingParams, seed: int, reports_each_token: bool) -> None:
+        super().__init__(prompt_token_ids, rules)
+        self.request_id = request_id
+        self.index = index
+        self.params = params
+        self.seed = seed
+        self.reports_each_token = reports_each_token
+        self.num_reported = 0
+        self.reported_finished = False
