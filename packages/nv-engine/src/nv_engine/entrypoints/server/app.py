@@ -1,17 +1,19 @@
 """The FastAPI app of `nv serve`: OpenAI routes, /health, /metrics."""
 from __future__ import annotations
 
-import secrets
+import asyncio
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from nv_engine.entrypoints.server.chat import create_chat_completion
 from nv_engine.entrypoints.server.completions import create_completion
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
+from nv_engine.entrypoints.server.guard import RequestGuard
+from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.entrypoints.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from nv_engine.entrypoints.server.serving import ServerState
@@ -19,14 +21,15 @@ from nv_engine.entrypoints.server.serving import ServerState
 
 def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model_path: str,
                 max_model_len: int, served_model_names: list[str] | None = None,
-                api_key: str | None = None, max_n: int = 128) -> ServerState:
+                api_key: str | None = None, max_n: int = 128,
+                limits: ServerLimits | None = None) -> ServerState:
     """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests)."""
     names = served_model_names or [model_path]
     metrics = ServerMetrics(names[0])
     return ServerState(engine=AsyncEngine(engine, metrics), tokenizer=tokenizer,
                        sampling_params_cls=sampling_params_cls, served_model_names=names,
                        model_path=model_path, max_model_len=max_model_len, max_n=max_n,
-                       metrics=metrics, api_key=api_key)
+                       metrics=metrics, api_key=api_key, limits=limits or ServerLimits())
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -41,17 +44,9 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="nv", lifespan=lifespan)
     app.state.nv = state
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, state=state)   # auth and body size before any parsing
 
-    async def check_api_key(request: Request) -> None:
-        if state.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), state.api_key):
-            raise APIError("Invalid or missing API key (send `Authorization: Bearer KEY`).",
-                           status=401, code="invalid_api_key")
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+    v1 = APIRouter(prefix="/v1")
 
     @v1.get("/models")
     async def list_models() -> JSONResponse:
@@ -81,3 +76,17 @@ def create_app(state: ServerState) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def begin_drain(state: ServerState, loop: asyncio.AbstractEventLoop) -> None:
+    """SIGTERM: new /v1 requests get a 503 at once; requests in flight may finish within
+    `limits.shutdown_timeout_s`, then the rest end (streams with an error event and [DONE]).
+    Safe to call from any thread (a signal handler)."""
+    def start() -> None:
+        if state.draining:
+            return
+        state.draining = True
+        loop.call_later(state.limits.shutdown_timeout_s, state.engine.fail_all_requests,
+                        APIError("The server is shutting down.", status=503))
+
+    loop.call_soon_threadsafe(start)

@@ -85,5 +85,5 @@ def write_load_test_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", s
     out = Path(out_dir)
     if not ((out / "model.safetensors").exists() and (out / "tokenizer.json").exists()):
         write_random_checkpoint(out, shape, dtype="bfloat16", seed=seed, with_tokenizer=False)
-        full_vocab_tokenizer(AutoConfig.from_pretrained(out).vocab_size).save_pretrained(out)
+        full_vocab_tokenizer(AutoConfig.from_pretrained(out, trust_remote_code=False).vocab_size).save_pretrained(out)
     return out
