@@ -32,7 +32,6 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, *, state: ServerState) -> None:
         self.app = app
         self.state = state
-        self.limits = state.limits
         self._api_key = state.api_key.encode("utf-8") if state.api_key else None
         self.in_flight = 0
 
@@ -58,8 +57,8 @@ class RequestGuard:
             if scope.get("method") in ("POST", "PUT", "PATCH"):
                 receive = await self._buffer_body(scope, receive)
             if path in _GENERATION_PATHS:
-                if self.in_flight >= self.limits.max_in_flight_requests:
-                    raise self.limits.too_many_in_flight()
+                if self.in_flight >= self.state.limits.max_in_flight_requests:
+                    raise self.state.limits.too_many_in_flight()
                 self.in_flight += 1
                 try:
                     await self.app(scope, receive, tracked_send)
@@ -93,7 +92,7 @@ class RequestGuard:
     async def _buffer_body(self, scope: Scope, receive: Receive) -> Receive:
         """Read the body up to the limit (413 from Content-Length, or as soon as a chunked body
         passes it); the app then reads it from memory, and later messages (disconnect) pass on."""
-        limit = self.limits.max_request_body_bytes
+        limit = self.state.limits.max_request_body_bytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -101,7 +100,7 @@ class RequestGuard:
                 except ValueError:
                     raise APIError("Invalid Content-Length header.") from None
                 if declared > limit:
-                    raise self.limits.body_too_large()
+                    raise self.state.limits.body_too_large()
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -111,7 +110,7 @@ class RequestGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise self.limits.body_too_large()
+                raise self.state.limits.body_too_large()
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
