@@ -51,9 +51,15 @@ def test_truncated_gguf_names_the_file(tmp_path: Path):
 
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    path = write_llama_gguf(tmp_path / "full.gguf", config, model.state_dict())
+    shapes = {"model.embed_tokens.weight": (64, 32), "model.norm.weight": (32,), "lm_head.weight": (64, 32),
+              "model.layers.0.input_layernorm.weight": (32,), "model.layers.0.post_attention_layernorm.weight": (32,),
+              "model.layers.0.self_attn.q_proj.weight": (32, 32), "model.layers.0.self_attn.k_proj.weight": (16, 32),
+              "model.layers.0.self_attn.v_proj.weight": (16, 32), "model.layers.0.self_attn.o_proj.weight": (32, 32),
+              "model.layers.0.mlp.gate_proj.weight": (64, 32), "model.layers.0.mlp.up_proj.weight": (64, 32),
+              "model.layers.0.mlp.down_proj.weight": (32, 64)}
+    gen = torch.Generator().manual_seed(0)
+    state_dict = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    path = write_llama_gguf(tmp_path / "full.gguf", config, state_dict)
     data = path.read_bytes()
     for keep in (len(data) - 100, len(data) // 2, 64, 10):
         cut = tmp_path / f"cut{keep}.gguf"
