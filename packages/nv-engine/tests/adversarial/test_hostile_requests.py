@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import math
+import signal
 import socket
 import threading
 import time
@@ -20,7 +21,6 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from nv_engine.entrypoints.server.app import begin_drain  # noqa: E402
 from nv_engine.entrypoints.server.cli import build_app_for_engine, create_engine  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
 from nv_engine.outputs import Logprob  # noqa: E402
@@ -43,7 +43,8 @@ def server(tiny_model_dir: Path):
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60,
                                                    headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         reference = http.post("/v1/completions", json=GREEDY).json()["choices"][0]["text"]
-        yield SimpleNamespace(url=url, http=http, state=app.state.nv, engine=engine, reference=reference)
+        yield SimpleNamespace(url=url, http=http, state=app.state.nv, engine=engine, reference=reference,
+                              uvicorn=app.state.server)
     engine.shutdown()
 
 
@@ -301,9 +302,15 @@ def test_shutdown_drains_then_ends_streams_with_an_error_event(server, monkeypat
                 c.stream("POST", "/v1/completions", json=short) as short_stream:
             long_lines = long_stream.iter_lines()
             next(long_lines)
-            begin_drain(server.state, server.state.engine._loop)
-            time.sleep(0.1)
-            assert error_of(server.http.post("/v1/completions", json=GREEDY), 503)
+            server.uvicorn.handle_exit(signal.SIGTERM, None)     # what the signal handler calls
+            time.sleep(0.2)
+            try:    # refused at the socket, or (a request already on a connection) a 503
+                late = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=5,
+                                  headers={"Authorization": f"Bearer {API_KEY}"})
+                assert error_of(late, 503)
+            except httpx.ConnectError:
+                pass
+            assert server.state.draining
             short_text = short_stream.read().decode()
             lines = [line for line in long_lines if line.startswith("data: ")]
     assert short_text.rstrip().endswith("data: [DONE]") and '"error"' not in short_text   # finished in time
