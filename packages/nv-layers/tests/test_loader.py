@@ -111,3 +111,14 @@ def test_shape_mismatch_and_empty_dir(tmp_path: Path) -> None:
     ckpt["norm.weight"] = torch.zeros(5)
     with pytest.raises(ValueError, match="shape"):
         load_safetensors(Toy(tied=True), write(tmp_path, ckpt))
+
+
+@pytest.mark.parametrize("name, shape", [("block.q_proj.weight", (8, 4)), ("block.k_proj.weight", (4, 4)),
+                                         ("block.gate_proj.weight", (12, 4)), ("block.down_proj.weight", (4, 12)),
+                                         ("embed.weight", (12, 4))])
+def test_larger_checkpoint_tensor_is_refused_not_sliced(tmp_path: Path, name: str, shape: tuple) -> None:
+    """A config smaller than the checkpoint (fewer heads, a smaller MLP) must not load a cut tensor."""
+    tensors = checkpoint(tied=True)
+    tensors[name] = torch.randn(shape)
+    with pytest.raises(ValueError, match=rf"{name}.*expected shape \(\d+, \d+\).*found \({shape[0]}, {shape[1]}\)"):
+        load_safetensors(Toy(tied=True), write(tmp_path, tensors))

@@ -58,7 +58,7 @@ def load_tokenizer(config: EngineConfig) -> Tokenizer | None:
 
     path = config.tokenizer or config.model
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:  # no tokenizer files: token-id prompts still work
         logger.warning("no tokenizer loaded from %s (%s); prompts must be token ids and outputs "
                        "have no text", path, exc)
@@ -79,7 +79,7 @@ def eos_token_ids(config: EngineConfig, tokenizer: Tokenizer | None) -> frozense
     try:
         from transformers import GenerationConfig
 
-        ids = _as_id_list(GenerationConfig.from_pretrained(config.model).eos_token_id)
+        ids = _as_id_list(GenerationConfig.from_pretrained(config.model, trust_remote_code=False).eos_token_id)
     except Exception:
         pass
     if not ids:

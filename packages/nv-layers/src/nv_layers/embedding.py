@@ -11,7 +11,7 @@ from torch import nn
 
 from nv_layers.forward_context import current_forward_context
 from nv_layers.parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
-from nv_layers.weights import WeightLike, copy_checked, read_shard, set_weight_loader, shape_of
+from nv_layers.weights import WeightLike, check_shape, copy_checked, read_shard, set_weight_loader, shape_of
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -27,10 +27,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         rows = max(self.vocab_end - self.vocab_start, 0)
-        full_rows, dim = shape_of(loaded_weight)
-        if full_rows != self.num_embeddings or dim != param.shape[1]:
-            raise ValueError(f"embedding: checkpoint shape {(full_rows, dim)} does not match "
-                             f"{(self.num_embeddings, param.shape[1])}")
+        check_shape(loaded_weight, (self.num_embeddings, param.shape[1]), "embedding")
         param.data[rows:].zero_()
         if rows:
             copy_checked(param.data[:rows], read_shard(loaded_weight, 0, self.vocab_start, rows), "embedding")

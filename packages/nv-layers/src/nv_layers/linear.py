@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
-from nv_layers.weights import WeightLike, copy_checked, read_full, read_shard, set_weight_loader
+from nv_layers.weights import WeightLike, check_shape, copy_checked, read_full, read_shard, set_weight_loader
 
 
 class LinearBase(nn.Module):
@@ -54,6 +54,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         size = param.shape[0]
+        check_shape(loaded_weight, (size * self.tp_size, *param.shape[1:]), "ColumnParallelLinear")
         copy_checked(param.data, read_shard(loaded_weight, 0, self.tp_rank * size, size), "ColumnParallelLinear")
 
 
@@ -68,6 +69,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         if shard_id is None:  # an already fused checkpoint tensor: split it into its parts
+            check_shape(loaded_weight, (sum(self.output_sizes), *param.shape[1:]), "MergedColumnParallelLinear")
             full = read_full(loaded_weight)
             starts = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes))]
             for i, (start, size) in enumerate(zip(starts, self.output_sizes, strict=True)):
@@ -76,6 +78,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):
             raise ValueError(f"MergedColumnParallelLinear: shard id {shard_id!r} not in 0..{len(self.local_sizes) - 1}")
         size = self.local_sizes[shard_id]
+        check_shape(loaded_weight, (self.output_sizes[shard_id], *param.shape[1:]), f"merged shard {shard_id}")
         dst = param.data.narrow(0, sum(self.local_sizes[:shard_id]), size)
         copy_checked(dst, read_shard(loaded_weight, 0, self.tp_rank * size, size), f"merged shard {shard_id}")
 
@@ -107,10 +110,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         super().__init__(hidden_size, out_total, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
+        q_total = self.total_num_heads * self.head_size
+        kv_total = self.total_num_kv_heads * self.head_size
         if shard_id is None:  # an already fused checkpoint tensor [q_total | k_total | v_total]
+            check_shape(loaded_weight, (q_total + 2 * kv_total, *param.shape[1:]), "QKVParallelLinear")
             full = read_full(loaded_weight)
-            q_total = self.total_num_heads * self.head_size
-            kv_total = self.total_num_kv_heads * self.head_size
             for sid, start, size in (("q", 0, q_total), ("k", q_total, kv_total), ("v", q_total + kv_total, kv_total)):
                 self.weight_loader(param, full.narrow(0, start, size), sid)
             return
@@ -121,6 +125,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         if shard_id not in layout:
             raise ValueError(f"QKVParallelLinear: shard id {shard_id!r} is not 'q', 'k' or 'v'")
         offset, size, src_start = layout[shard_id]
+        check_shape(loaded_weight, (q_total if shard_id == "q" else kv_total, *param.shape[1:]),
+                    f"qkv shard {shard_id}")
         dst = param.data.narrow(0, offset, size)
         copy_checked(dst, read_shard(loaded_weight, 0, src_start, size), f"qkv shard {shard_id}")
 
@@ -144,6 +150,7 @@ class RowParallelLinear(LinearBase):
             copy_checked(param.data, read_full(loaded_weight), "RowParallelLinear bias")
             return
         size = param.shape[1]
+        check_shape(loaded_weight, (param.shape[0], size * self.tp_size), "RowParallelLinear")
         copy_checked(param.data, read_shard(loaded_weight, 1, self.tp_rank * size, size), "RowParallelLinear")
 
 

@@ -110,10 +110,14 @@ def load_safetensors(model: nn.Module, path: str | Path) -> None:
                     param = params[param_name]
                     loader = getattr(param, "weight_loader", default_weight_loader)
                     weight = f.get_slice(name) if _lazy_ok(loader) else f.get_tensor(name)
-                    if shard_id is None:
-                        loader(param, weight)
-                    else:
-                        loader(param, weight, shard_id)
+                    try:
+                        if shard_id is None:
+                            loader(param, weight)
+                        else:
+                            loader(param, weight, shard_id)
+                    except ValueError as exc:   # shape checks: name the checkpoint tensor and file
+                        raise ValueError(f"checkpoint tensor {name!r} in {file.name} does not fit parameter "
+                                         f"{param_name!r}: {exc}") from exc
 
 
 @contextlib.contextmanager

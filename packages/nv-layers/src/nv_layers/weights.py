@@ -34,6 +34,14 @@ def read_shard(weight: WeightLike, dim: int, start: int, size: int) -> torch.Ten
     return weight[tuple(index)]
 
 
+def check_shape(weight: WeightLike, expected: tuple[int, ...], what: str) -> None:
+    """ValueError unless the whole checkpoint tensor has `expected` shape (checked before any
+    shard is cut, so a larger tensor is never silently narrowed to fit)."""
+    found = shape_of(weight)
+    if tuple(found) != tuple(expected):
+        raise ValueError(f"{what}: expected shape {tuple(expected)} from the model config, found {tuple(found)}")
+
+
 def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
     """dst.copy_(src) with a ValueError naming `what` on a shape mismatch."""
     if tuple(dst.shape) != tuple(src.shape):

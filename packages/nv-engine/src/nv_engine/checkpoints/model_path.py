@@ -1,6 +1,7 @@
 """Where a model's files are: a local directory, or a hub id fetched with huggingface_hub."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,36 @@ def resolve_model_path(model: str | os.PathLike, *, revision: str | None = None,
                          f"from the Hugging Face hub ({type(exc).__name__}: {exc})") from exc
 
 
+def refuse_remote_code(path: str) -> None:
+    """ValueError when the checkpoint's config.json asks for code shipped with the checkpoint
+    (`auto_map`) or names a model_type transformers does not know: nv never runs checkpoint code."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {config_file}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_file} does not hold a JSON object")
+    if raw.get("auto_map"):
+        raise ValueError(f"{config_file} asks for custom code (auto_map); nv does not run code from "
+                         f"checkpoints (trust_remote_code is never enabled)")
+    from transformers import CONFIG_MAPPING
+
+    model_type = raw.get("model_type")
+    if model_type is not None and model_type not in CONFIG_MAPPING:
+        raise ValueError(f"{config_file} has model_type {model_type!r}, which transformers does not "
+                         f"know; nv does not run code from checkpoints (trust_remote_code is never enabled)")
+
+
 def load_hf_config(path: str) -> Any:
-    """The transformers config of a resolved model path; ValueError when it cannot be read."""
+    """The transformers config of a resolved model path; ValueError when it cannot be read or
+    needs code from the checkpoint."""
     from transformers import AutoConfig
 
+    refuse_remote_code(path)
     try:
-        return AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:
         raise ValueError(f"cannot read a model config from {path!r}: {exc}") from exc

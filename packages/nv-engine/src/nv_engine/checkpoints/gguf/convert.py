@@ -167,7 +167,8 @@ def _write_tokenizer(path: Path, meta: dict[str, Any], out: Path) -> None:
     """transformers builds a fast tokenizer from the GGUF vocabulary; keep the file's chat template."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
+                                              trust_remote_code=False)
     template = meta.get("tokenizer.chat_template")
     if template:
         tokenizer.chat_template = template

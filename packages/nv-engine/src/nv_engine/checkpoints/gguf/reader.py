@@ -26,7 +26,18 @@ def open_gguf(path: str | Path):
         magic = f.read(4)
     if magic != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    return GGUFReader(path)
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:   # the gguf package reports a short or garbled file in many raw ways
+        raise ValueError(f"{path} is a truncated or corrupt GGUF file: its header, metadata or tensor "
+                         f"index cannot be read ({type(exc).__name__}: {exc})") from exc
+    size = path.stat().st_size
+    for tensor in reader.tensors:
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if end > size:
+            raise ValueError(f"{path} is a truncated GGUF file: tensor {tensor.name!r} ends at byte {end}, "
+                             f"but the file has {size} bytes")
+    return reader
 
 
 def _field_value(field) -> Any:

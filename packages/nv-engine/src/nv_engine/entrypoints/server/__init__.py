@@ -2,6 +2,8 @@
 
 Module map: protocol (request/response bodies), errors (OpenAI error bodies), engine_loop (the thread
 that steps the engine; per-request asyncio queues), serving (shared checks, sampling params, logprob
-shapes), completions / chat (the handlers), metrics (Prometheus, vLLM names), app (routes), cli
-(`nv serve` arguments and startup).
+shapes), completions / chat (the handlers), metrics (Prometheus, vLLM names), app (routes), limits
+(per-request and per-server bounds), guard (ASGI layer: auth and body size before parsing, the
+in-flight bound, 500 bodies), chat_template_sandbox / chat_template_worker (request templates in a
+bounded subprocess), draining_server (SIGTERM drain), cli (`nv serve` arguments and startup).
 """

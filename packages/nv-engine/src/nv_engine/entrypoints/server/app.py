@@ -2,11 +2,11 @@
 /ping; CORS."""
 from __future__ import annotations
 
-import secrets
+import asyncio
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
@@ -14,6 +14,8 @@ from nv_engine.entrypoints.server.chat import create_chat_completion
 from nv_engine.entrypoints.server.completions import create_completion
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
+from nv_engine.entrypoints.server.guard import RequestGuard
+from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.entrypoints.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from nv_engine.entrypoints.server.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard,
                                                    ModelList)
@@ -24,14 +26,15 @@ from nv_engine.entrypoints.server.utility_routes import UtilityRoutes
 def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model_path: str,
                 max_model_len: int, served_model_names: list[str] | None = None,
                 api_key: str | None = None, max_n: int = 128,
-                chat_template: str | None = None) -> ServerState:
+                chat_template: str | None = None, limits: ServerLimits | None = None) -> ServerState:
     """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests)."""
     names = served_model_names or [model_path]
     metrics = ServerMetrics(names[0])
     return ServerState(engine=AsyncEngine(engine, metrics), tokenizer=tokenizer,
                        sampling_params_cls=sampling_params_cls, served_model_names=names,
                        model_path=model_path, max_model_len=max_model_len, max_n=max_n,
-                       metrics=metrics, api_key=api_key, chat_template=chat_template)
+                       metrics=metrics, api_key=api_key, chat_template=chat_template,
+                       limits=limits or ServerLimits())
 
 
 def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_path: str = "") -> FastAPI:
@@ -50,17 +53,9 @@ def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_p
         app.add_middleware(CORSMiddleware, **cors)
     app.state.nv = state
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, state=state)   # auth and body size before any parsing
 
-    async def check_api_key(request: Request) -> None:
-        if state.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), state.api_key):
-            raise APIError("Invalid or missing API key (send `Authorization: Bearer KEY`).",
-                           status=401, code="invalid_api_key")
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+    v1 = APIRouter(prefix="/v1")
 
     @v1.get("/models")
     async def list_models() -> JSONResponse:
@@ -77,7 +72,7 @@ def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_p
         return await create_chat_completion(state, req, raw)
 
     app.include_router(v1)
-    app.include_router(UtilityRoutes(state, [Depends(check_api_key)]).router)
+    app.include_router(UtilityRoutes(state).router)   # RequestGuard checks its API key
 
     @app.get("/health")
     async def health() -> Response:
@@ -91,3 +86,17 @@ def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_p
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def begin_drain(state: ServerState, loop: asyncio.AbstractEventLoop) -> None:
+    """SIGTERM: new /v1 requests get a 503 at once; requests in flight may finish within
+    `limits.shutdown_timeout_s`, then the rest end (streams with an error event and [DONE]).
+    Safe to call from any thread (a signal handler)."""
+    def start() -> None:
+        if state.draining:
+            return
+        state.draining = True
+        loop.call_later(state.limits.shutdown_timeout_s, state.engine.fail_all_requests,
+                        APIError("The server is shutting down.", status=503))
+
+    loop.call_soon_threadsafe(start)

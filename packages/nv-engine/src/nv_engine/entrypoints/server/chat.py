@@ -1,11 +1,14 @@
 """POST /v1/chat/completions: the tokenizer's chat template, then the same engine path."""
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from nv_engine.entrypoints.server.chat_template_sandbox import ChatTemplateSandbox
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
 from nv_engine.entrypoints.server.protocol import (SSE_DONE, ChatChoice, ChatCompletionChunk,
@@ -14,9 +17,10 @@ from nv_engine.entrypoints.server.protocol import (SSE_DONE, ChatChoice, ChatCom
                                        PromptTokensDetails, TokenizeRequest, UsageInfo, random_id,
                                        sse)
 from nv_engine.entrypoints.server.request_fields import CHAT, REQUEST_FIELDS
-from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState,
-                                      build_sampling_params, check_prompt, engine_error,
-                                      resolve_max_tokens, run_unless_disconnected)
+from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState, engine_error,
+                                                  run_unless_disconnected)
+
+logger = logging.getLogger("nv_engine.entrypoints.server")
 
 MAX_TOP_LOGPROBS = 20   # OpenAI's bound
 
@@ -34,24 +38,67 @@ def _message_dict(i: int, msg: ChatMessage) -> dict:
     return d
 
 
-def render_chat_prompt(state: ServerState, req: ChatCompletionRequest | TokenizeRequest,
-                       add_special_tokens: bool = False) -> list[int]:
+def _request_template(req: ChatCompletionRequest | TokenizeRequest) -> tuple[str | None, str]:
+    """(template the request supplies or None, the field that carried it)."""
+    template = getattr(req, "chat_template", None)
+    if template is not None:
+        return template, "chat_template"
+    kwargs = req.chat_template_kwargs or {}
+    if "chat_template" in kwargs:
+        return kwargs["chat_template"], "chat_template_kwargs.chat_template"
+    return None, ""
+
+
+async def render_chat_prompt(state: ServerState, req: ChatCompletionRequest | TokenizeRequest,
+                             add_special_tokens: bool = False) -> list[int]:
     """The prompt token ids: the chat template's text (the request's template, the server's
-    --chat-template or the tokenizer's), tokenized without extra special tokens by default."""
+    --chat-template or the tokenizer's), tokenized without extra special tokens by default.
+
+    The server's or the model's template renders in a worker thread; a template from the request only
+    when the server trusts request templates, and then in a sandboxed subprocess bounded in time and
+    memory."""
     tok = state.tokenizer
-    template = req.chat_template or state.chat_template
-    if template is None and not getattr(tok, "chat_template", None):
+    messages = [_message_dict(i, m) for i, m in enumerate(req.messages or ())]
+    for i, m in enumerate(messages):
+        if isinstance(m.get("content"), str):
+            state.limits.check_prompt_text(m["content"], param=f"messages.{i}.content")
+    kwargs = dict(req.chat_template_kwargs or {})
+    template, field_name = _request_template(req)
+    kwargs.pop("chat_template", None)
+    add_generation_prompt = req.add_generation_prompt and not req.continue_final_message
+    if template is not None:
+        if not state.limits.trust_request_chat_template:
+            raise APIError(f"{field_name} is not accepted: this server renders only the model's chat "
+                           f"template (start it with --trust-request-chat-template to allow request "
+                           f"templates).", param=field_name)
+        if not isinstance(template, str):
+            raise APIError(f"{field_name} must be a string.", param=field_name)
+        text = await ChatTemplateSandbox(state.limits).render(
+            template, messages, special_tokens=_special_tokens(tok),
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=req.continue_final_message, kwargs=kwargs, param=field_name)
+        return await asyncio.to_thread(state.encode, text, add_special_tokens=add_special_tokens)
+    server_template = state.chat_template
+    if server_template is None and not getattr(tok, "chat_template", None):
         raise APIError("The model's tokenizer has no chat template; use /v1/completions.",
                        param="messages")
-    messages = [_message_dict(i, m) for i, m in enumerate(req.messages or ())]
-    try:
-        text = tok.apply_chat_template(
-            messages, tokenize=False, chat_template=template,
-            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-            continue_final_message=req.continue_final_message, **(req.chat_template_kwargs or {}))
-    except Exception as exc:   # a template error is the request's fault (bad roles, ...)
-        raise APIError(f"Could not apply the chat template: {exc}", param="messages") from exc
-    return list(tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_and_encode() -> list[int]:
+        try:
+            text = tok.apply_chat_template(
+                messages, tokenize=False, chat_template=server_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=req.continue_final_message, **kwargs)
+        except Exception as exc:   # a template error is the request's fault (bad roles, ...)
+            raise APIError(f"Could not apply the chat template: {exc}", param="messages") from exc
+        return state.encode(text, add_special_tokens=add_special_tokens)
+
+    return await asyncio.to_thread(render_and_encode)
+
+
+def _special_tokens(tok: Any) -> dict[str, str]:
+    tokens = getattr(tok, "special_tokens_map", {}) or {}
+    return {k: v for k, v in tokens.items() if isinstance(v, str)}
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request) -> Any:
@@ -65,14 +112,14 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         top_logprobs = req.top_logprobs or 0
     elif req.top_logprobs:
         raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
-    ids = render_chat_prompt(state, req, req.add_special_tokens)
-    check_prompt(state, ids)
+    state.check_request(req, 1)
+    ids = await render_chat_prompt(state, req, req.add_special_tokens)
+    state.check_prompt(ids)
     if req.max_completion_tokens is not None:
-        max_tokens = resolve_max_tokens(state, req.max_completion_tokens, len(ids),
-                                        param="max_completion_tokens")
+        max_tokens = state.resolve_max_tokens(req.max_completion_tokens, len(ids), param="max_completion_tokens")
     else:
-        max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids))
-    params = build_sampling_params(state, req, max_tokens=max_tokens, logprobs=top_logprobs)
+        max_tokens = state.resolve_max_tokens(req.max_tokens, len(ids))
+    params = state.build_sampling_params(req, max_tokens=max_tokens, logprobs=top_logprobs)
     request_id = random_id("chatcmpl")
     try:
         stream = await state.engine.add_requests([(request_id, {"prompt_token_ids": ids}, params)])
@@ -153,4 +200,8 @@ class _ChatRun:
                 yield self._chunk(None, usage=self._usage())
         except APIError as err:
             yield sse_error(err)
+        except Exception as exc:   # a bug mid-stream: the client still gets an error event and [DONE]
+            logger.error("request %s failed mid-stream: %r", self.id, exc)
+            logger.debug("request %s traceback", self.id, exc_info=True)
+            yield sse_error(APIError(f"Internal server error (request id {self.id}).", status=500))
         yield SSE_DONE

@@ -1,6 +1,8 @@
 """POST /v1/completions."""
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -12,16 +14,16 @@ from nv_engine.entrypoints.server.protocol import (SSE_DONE, CompletionChoice, C
                                        CompletionRequest, CompletionResponse, PromptTokensDetails,
                                        UsageInfo, random_id, sse)
 from nv_engine.entrypoints.server.request_fields import COMPLETIONS, REQUEST_FIELDS
-from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState,
-                                      build_sampling_params, check_prompt, engine_error,
-                                      resolve_max_tokens, run_unless_disconnected)
+from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState, engine_error,
+                                                  run_unless_disconnected)
+
+logger = logging.getLogger("nv_engine.entrypoints.server")
 
 DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
 
 
-def prompt_token_ids(state: ServerState, prompt: Any,
-                     add_special_tokens: bool = True) -> list[tuple[str | None, list[int]]]:
-    """(text or None, token ids) for each prompt of the request."""
+def split_prompts(prompt: Any) -> list[str | list[int]]:
+    """The request's prompts: texts or token-id lists."""
     if isinstance(prompt, str):
         prompts: list = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
@@ -30,13 +32,17 @@ def prompt_token_ids(state: ServerState, prompt: Any,
         prompts = list(prompt)
     if not prompts:
         raise APIError("The prompt is empty.", param="prompt")
-    out = []
-    for p in prompts:
+    return prompts
+
+
+def prompt_token_ids(state: ServerState, prompts: list[str | list[int]],
+                     add_special_tokens: bool = True) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) for each prompt (blocking: tokenizes)."""
+    for p in prompts:   # every text is checked before any is tokenized
         if isinstance(p, str):
-            out.append((p, list(state.tokenizer.encode(p, add_special_tokens=add_special_tokens))))
-        else:
-            out.append((None, list(p)))
-    return out
+            state.limits.check_prompt_text(p)
+    return [(p, state.encode(p, add_special_tokens=add_special_tokens)) if isinstance(p, str) else (None, list(p))
+            for p in prompts]
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, raw: Request) -> Any:
@@ -44,14 +50,16 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
     REQUEST_FIELDS.check(COMPLETIONS, req)
     if req.echo and req.logprobs is not None:
         raise APIError("echo with logprobs is not supported.", param="echo")
-    prompts = prompt_token_ids(state, req.prompt, req.add_special_tokens)
+    raw_prompts = split_prompts(req.prompt)
+    state.check_request(req, len(raw_prompts))
+    prompts = await asyncio.to_thread(prompt_token_ids, state, raw_prompts, req.add_special_tokens)
     request_id = random_id("cmpl")
     engine_requests = []
     for i, (_, ids) in enumerate(prompts):
-        check_prompt(state, ids)
+        state.check_prompt(ids)
         requested = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
-        max_tokens = resolve_max_tokens(state, requested, len(ids))
-        params = build_sampling_params(state, req, max_tokens=max_tokens, logprobs=req.logprobs)
+        max_tokens = state.resolve_max_tokens(requested, len(ids))
+        params = state.build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
         engine_requests.append((f"{request_id}-{i}", {"prompt_token_ids": ids}, params))
     try:
         stream = await state.engine.add_requests(engine_requests)
@@ -143,4 +151,8 @@ class _CompletionRun:
                                           usage=self._usage()))
         except APIError as err:
             yield sse_error(err)
+        except Exception as exc:   # a bug mid-stream: the client still gets an error event and [DONE]
+            logger.error("request %s failed mid-stream: %r", self.id, exc)
+            logger.debug("request %s traceback", self.id, exc_info=True)
+            yield sse_error(APIError(f"Internal server error (request id {self.id}).", status=500))
         yield SSE_DONE

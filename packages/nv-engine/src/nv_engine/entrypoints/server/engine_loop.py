@@ -135,6 +135,11 @@ class AsyncEngine:
             raise errors[0]
         return OutputStream(self, ids, out_queue)
 
+    def fail_all_requests(self, error: APIError) -> None:
+        """End every request in flight with `error` (shutdown); their KV blocks are freed."""
+        self._commands.put(("fail_all", error))
+        self._wakeup.set()
+
     def abort(self, request_id: str) -> None:
         """Abort a request (idempotent; unknown ids are ignored). Its KV blocks are freed."""
         self._commands.put(("abort", request_id))
@@ -185,6 +190,10 @@ class AsyncEngine:
                     continue
                 self._streams[request_id] = stream
                 self._call_soon(_resolve, accepted, None)
+            elif cmd[0] == "fail_all":
+                for request_id in list(self._streams):
+                    self.engine.abort_request(request_id)
+                self._fail_all(cmd[1])
             else:
                 _, request_id = cmd
                 if self._streams.pop(request_id, None) is not None:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+if TYPE_CHECKING:   # the web stack loads with the app; APIError itself needs none of it
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
 
 # OpenAI's `type` values by HTTP status.
 _ERROR_TYPES = {
@@ -15,6 +15,8 @@ _ERROR_TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
     500: "internal_error",
     503: "service_unavailable",
 }
@@ -42,6 +44,8 @@ def error_body(message: str, err_type: str, param: str | None = None,
 
 
 def error_response(err: APIError) -> JSONResponse:
+    from fastapi.responses import JSONResponse
+
     return JSONResponse(err.body(), status_code=err.status)
 
 
@@ -58,6 +62,9 @@ def _validation_param(loc: tuple) -> str | None:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Every error the app returns carries OpenAI's error body."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:

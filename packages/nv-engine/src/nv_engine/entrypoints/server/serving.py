@@ -3,6 +3,7 @@ per-choice streaming bookkeeping, and logprob formatting."""
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -10,6 +11,7 @@ from typing import Any
 
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError
+from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.entrypoints.server.metrics import ServerMetrics
 from nv_engine.entrypoints.server.protocol import (ChatLogprobs, ChatLogprobToken, CompletionLogprobs,
                                        SamplingRequest, TopLogprob)
@@ -22,6 +24,8 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop
 
 @dataclass
 class ServerState:
+    """What every handler shares, and the request checks that depend on it."""
+
     engine: AsyncEngine
     tokenizer: Any
     sampling_params_cls: type
@@ -32,6 +36,8 @@ class ServerState:
     metrics: ServerMetrics | None = None
     api_key: str | None = None
     chat_template: str | None = None   # --chat-template; None: the tokenizer's
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    draining: bool = False           # SIGTERM: new /v1 requests get a 503
 
     @property
     def model_name(self) -> str:
@@ -44,72 +50,86 @@ class ServerState:
         raise APIError(f"The model `{name}` does not exist. Served: {', '.join(self.served_model_names)}.",
                        status=404, param="model", code="model_not_found")
 
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a prompt text (checked first: length, valid Unicode). Blocking: handlers
+        call it through `asyncio.to_thread` so the event loop keeps answering."""
+        self.limits.check_prompt_text(text)
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-def check_prompt(state: ServerState, token_ids: list[int]) -> None:
-    if not token_ids:
-        raise APIError("The prompt is empty.", param="prompt")
-    if len(token_ids) >= state.max_model_len:
-        raise APIError(
-            f"This model's maximum context length is {state.max_model_len} tokens. However, your "
-            f"request has {len(token_ids)} input tokens, leaving no room for output. Please reduce "
-            f"the length of the input.", param="prompt", code="context_length_exceeded")
+    def check_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise APIError("The prompt is empty.", param="prompt")
+        self.limits.check_prompt_tokens(len(token_ids))
+        if len(token_ids) >= self.max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"request has {len(token_ids)} input tokens, leaving no room for output. Please reduce "
+                f"the length of the input.", param="prompt", code="context_length_exceeded")
 
+    def resolve_max_tokens(self, requested: int | None, prompt_len: int, param: str = "max_tokens") -> int:
+        """The request's output budget; unset means "until the context is full" (as vLLM)."""
+        room = self.max_model_len - prompt_len
+        if requested is None:
+            return room
+        if requested > room:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {prompt_len + requested} tokens ({prompt_len} in the input, {requested} in "
+                f"the completion). Please reduce the length of the input or of the completion.",
+                param=param, code="context_length_exceeded")
+        return requested
 
-def resolve_max_tokens(state: ServerState, requested: int | None, prompt_len: int,
-                       param: str = "max_tokens") -> int:
-    """The request's output budget; unset means "until the context is full" (as vLLM)."""
-    room = state.max_model_len - prompt_len
-    if requested is None:
-        return room
-    if requested > room:
-        raise APIError(
-            f"This model's maximum context length is {state.max_model_len} tokens. However, you "
-            f"requested {prompt_len + requested} tokens ({prompt_len} in the input, {requested} in "
-            f"the completion). Please reduce the length of the input or of the completion.",
-            param=param, code="context_length_exceeded")
-    return requested
+    def check_request(self, req: SamplingRequest, num_prompts: int) -> None:
+        """Checks that need no tokenizer: n, prompts x n, stop strings (cheap, so done first)."""
+        if req.n > self.max_n:
+            raise APIError(f"n must be at most {self.max_n}, got {req.n}.", param="n")
+        self.limits.check_sequences(num_prompts, max(req.n, 1))
+        self.limits.check_stop(_stop_list(req))
 
-
-def build_sampling_params(state: ServerState, req: SamplingRequest, *, max_tokens: int,
-                          logprobs: int | None) -> Any:
-    if req.n > state.max_n:
-        raise APIError(f"n must be at most {state.max_n}, got {req.n}.", param="n")
-    if req.stream_options is not None and not req.stream:
-        raise APIError("stream_options needs stream=true.", param="stream_options")
-    stop = [req.stop] if isinstance(req.stop, str) else req.stop
-    logit_bias = None
-    if req.logit_bias is not None:
+    def build_sampling_params(self, req: SamplingRequest, *, max_tokens: int, logprobs: int | None) -> Any:
+        self.check_request(req, 1)
+        if req.stream_options is not None and not req.stream:
+            raise APIError("stream_options needs stream=true.", param="stream_options")
+        stop = _stop_list(req)
+        logit_bias = None
+        if req.logit_bias is not None:
+            try:
+                logit_bias = {int(token): bias for token, bias in req.logit_bias.items()}
+            except ValueError as exc:
+                raise APIError(f"logit_bias keys must be token ids, got {list(req.logit_bias)}.",
+                               param="logit_bias") from exc
+        kwargs = dict(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=0 if req.top_k in (None, -1) else req.top_k,   # vLLM spells "off" as -1, nv as 0
+            min_p=req.min_p,
+            seed=req.seed,
+            stop=stop or None,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=logit_bias,
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
+        )
         try:
-            logit_bias = {int(token): bias for token, bias in req.logit_bias.items()}
-        except ValueError as exc:
-            raise APIError(f"logit_bias keys must be token ids, got {list(req.logit_bias)}.",
-                           param="logit_bias") from exc
-    kwargs = dict(
-        n=req.n,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if req.top_k in (None, -1) else req.top_k,   # vLLM spells "off" as -1, nv as 0
-        min_p=req.min_p,
-        seed=req.seed,
-        stop=stop or None,
-        stop_token_ids=req.stop_token_ids,
-        ignore_eos=req.ignore_eos,
-        max_tokens=max_tokens,
-        min_tokens=req.min_tokens,
-        logprobs=logprobs,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty,
-        skip_special_tokens=req.skip_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        logit_bias=logit_bias,
-        allowed_token_ids=req.allowed_token_ids,
-        bad_words=req.bad_words,
-    )
-    try:
-        return state.sampling_params_cls(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise APIError(str(exc), param=guess_param(str(exc))) from exc
+            return self.sampling_params_cls(**kwargs)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise APIError(str(exc), param=guess_param(str(exc))) from exc
+
+
+def _stop_list(req: SamplingRequest) -> list[str]:
+    if req.stop is None:
+        return []
+    return [req.stop] if isinstance(req.stop, str) else list(req.stop)
 
 
 def guess_param(message: str) -> str | None:
@@ -205,8 +225,9 @@ class LogprobFormatter:
 
 
 def _finite(x: float) -> float:
-    # JSON has no -inf; OpenAI clients expect a number
-    return max(float(x), -9999.0)
+    # JSON has no -inf / NaN; OpenAI clients expect a number
+    value = float(x)
+    return value if math.isfinite(value) else -9999.0
 
 
 async def wait_for_disconnect(receive: Any) -> None:

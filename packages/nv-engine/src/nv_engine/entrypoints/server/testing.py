@@ -12,13 +12,21 @@ import uvicorn
 
 @contextmanager
 def serve_in_thread(app: Any, host: str = "127.0.0.1", startup_timeout: float = 60.0) -> Iterator[str]:
-    """Serve `app` until the block exits; yields its base URL (http://127.0.0.1:PORT)."""
+    """Serve `app` until the block exits; yields its base URL (http://127.0.0.1:PORT). An nv app
+    (one with `app.state.nv`) runs under DrainingServer, kept as `app.state.server`."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, lifespan="on")
-    server = uvicorn.Server(config)
+    state = getattr(getattr(app, "state", None), "nv", None)
+    if state is not None:
+        from nv_engine.entrypoints.server.draining_server import DrainingServer
+
+        server: uvicorn.Server = DrainingServer(config, state)
+        app.state.server = server
+    else:
+        server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                               name="nv-test-server")
     thread.start()

@@ -1,12 +1,14 @@
 """/tokenize, /detokenize, /version and /ping (vLLM's shapes), as one router."""
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response, params
 from fastapi.responses import JSONResponse
 
 from nv_engine.__about__ import __version__
 from nv_engine.entrypoints.server.chat import render_chat_prompt
-from nv_engine.entrypoints.server.completions import prompt_token_ids
+from nv_engine.entrypoints.server.completions import prompt_token_ids, split_prompts
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.protocol import (
     DetokenizeRequest,
@@ -36,10 +38,11 @@ class UtilityRoutes:
         if (req.prompt is None) == (req.messages is None):
             raise APIError("Send exactly one of `prompt` and `messages`.", param="prompt")
         if req.messages is not None:
-            ids = render_chat_prompt(self.state, req, bool(req.add_special_tokens))
+            ids = await render_chat_prompt(self.state, req, bool(req.add_special_tokens))
         else:
             add_special = True if req.add_special_tokens is None else req.add_special_tokens
-            ids = prompt_token_ids(self.state, req.prompt, add_special)[0][1] if req.prompt else []
+            ids = ((await asyncio.to_thread(prompt_token_ids, self.state, split_prompts(req.prompt), add_special))[0][1]
+                   if req.prompt else [])
         return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=self.state.max_model_len,
                                              tokens=ids).model_dump())
 
