@@ -106,7 +106,7 @@ def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
     state = build_state(engine, tokenizer=engine.tokenizer, sampling_params_cls=SamplingParams,
                         model_path=args.model, max_model_len=config.max_model_len,
                         served_model_names=args.served_model_name or [args.model],
-                        api_key=args.api_key or None, max_n=args.max_n,
+                        api_key=args.api_key or None, max_n=args.max_n, limits=server_limits(args),
                         chat_template=load_chat_template(getattr(args, "chat_template", None)))
     cors = dict(allow_origins=getattr(args, "allowed_origins", ["*"]),
                 allow_methods=getattr(args, "allowed_methods", ["*"]),
@@ -125,8 +125,6 @@ def load_chat_template(value: str | None) -> str | None:
     if "{" in value:
         return value
     raise SystemExit(f"--chat-template: {value!r} is neither a file nor a Jinja template")
-                        api_key=args.api_key or None, max_n=args.max_n, limits=server_limits(args))
-    return create_app(state)
 
 
 def run_server(args: argparse.Namespace) -> int:
