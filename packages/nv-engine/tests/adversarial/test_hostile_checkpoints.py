@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nv_engine.checkpoints.model_path import load_hf_config
-from nv_engine.config import EngineConfig
+from nv_engine.engine_args import EngineArgs
 from nv_engine.llm_engine import LLMEngine
 
 ENGINE_KWARGS = dict(device="cpu", dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=16)
@@ -29,7 +29,7 @@ def test_config_smaller_than_tensors_is_refused(tiny_model_dir: Path, tmp_path: 
     config = json.loads((tiny_model_dir / "config.json").read_text())
     bad = _copy_with_config(tiny_model_dir, tmp_path / "bad", **{field: config[field] // 2})
     with pytest.raises(ValueError, match=rf"checkpoint tensor .*{tensor}.*expected shape .* found"):
-        LLMEngine(EngineConfig.create(str(bad), **ENGINE_KWARGS))
+        LLMEngine(EngineArgs.from_kwargs(str(bad), **ENGINE_KWARGS).create_engine_config())
 
 
 def test_checkpoint_code_is_never_run(tiny_model_dir: Path, tmp_path: Path):
@@ -47,7 +47,7 @@ def test_truncated_gguf_names_the_file(tmp_path: Path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("gguf")
     from nv_engine.checkpoints.gguf.reader import open_gguf
-    from nv_engine.checkpoints.gguf.testing import write_llama_gguf
+    from gguf_writer import write_llama_gguf
 
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
