@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nv_kvcache import FinishReason
-
 from nv_engine.detokenizer import IncrementalDetokenizer
 from nv_engine.engine_requests import Tokenizer
 from nv_engine.outputs import CompletionOutput, SampleLogprobs
+from nv_kvcache import FinishReason
 
 
 @dataclass(eq=False)

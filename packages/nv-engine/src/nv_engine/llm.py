@@ -55,7 +55,7 @@ class LLM:
         engine = self.llm_engine
         ids = [str(next(self._request_ids)) for _ in prompts]
         try:
-            for request_id, prompt, p in zip(ids, prompts, params):
+            for request_id, prompt, p in zip(ids, prompts, params, strict=True):
                 engine.add_request(request_id, prompt, p)
         except BaseException:
             engine.abort_request(ids)     # the bad request's batch is withdrawn; the engine stays usable
@@ -110,7 +110,7 @@ class LLM:
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc: object) -> None:

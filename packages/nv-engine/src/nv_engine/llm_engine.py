@@ -4,8 +4,9 @@ A step: the Scheduler picks sequences and token counts; a StepBuilder turns them
 the executor runs the ModelRunner on every rank; the Scheduler appends the sampled ids and applies
 token stop rules; the engine sends a SequenceUpdate per sequence with news to its OutputProcessor,
 which detokenizes, applies stop strings, records logprobs and builds the RequestOutputs (and names
-the sequences a stop string ended, which the engine then finishes in the scheduler). A request with n > 1 is n sequences; the siblings of the first are added once the
-first has computed the prompt, so they share its prompt blocks through the prefix cache.
+the sequences a stop string ended, which the engine then finishes in the scheduler). A request with
+n > 1 is n sequences; the siblings of the first are added once the first has computed the prompt,
+so they share its prompt blocks through the prefix cache.
 
 Async scheduling (tensor_parallel_size 1): step N+1 is scheduled and launched before step N's ids
 come back. Step N is postprocessed with placeholder ids (lengths and max_tokens apply on time),
@@ -27,8 +28,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
-
 from nv_engine.config import EngineConfig
 from nv_engine.engine_args import EngineArgs
 from nv_engine.engine_core_output import SequenceUpdate
@@ -40,6 +39,7 @@ from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
+from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
 
 if TYPE_CHECKING:
     from nv_engine.executor import Executor

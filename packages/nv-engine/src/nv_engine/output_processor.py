@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from nv_kvcache import FinishReason
-
 from nv_engine.completion_state import CompletionState
 from nv_engine.detokenizer import IncrementalDetokenizer, decode_token
 from nv_engine.engine_core_output import SequenceUpdate
@@ -20,6 +18,7 @@ from nv_engine.engine_requests import Tokenizer
 from nv_engine.outputs import RequestOutput
 from nv_engine.request_state import RequestState
 from nv_engine.sampling_params import SamplingParams
+from nv_kvcache import FinishReason
 
 _STOP = FinishReason.STOP
 

@@ -78,7 +78,7 @@ class SamplingBatchBuilder:
     def build(self, rows: Sequence[SamplingRow | tuple]) -> SamplingBatch:
         if not rows:
             raise ValueError("a sampling batch needs at least one row")
-        columns = list(zip(*rows))
+        columns = list(zip(*rows, strict=True))
         params, seeds, positions = columns[0], columns[1], columns[2]
         static = self._static
         if (static is None or len(params) != len(self._last_params)
@@ -110,11 +110,11 @@ class SamplingBatchBuilder:
     def _build_static(self, params: Sequence[SamplingParams]) -> _StaticPart:
         vocab = self.vocab_size
         greedy = [p.temperature < SAMPLING_EPS for p in params]
-        temps = np.array([0.0 if g else p.temperature for p, g in zip(params, greedy)], np.float32)
+        temps = np.array([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], np.float32)
         top_k = np.array([0 if g or p.top_k >= vocab else max(p.top_k, 0)
-                          for p, g in zip(params, greedy)], np.int64)
-        top_p = np.array([1.0 if g else p.top_p for p, g in zip(params, greedy)], np.float32)
-        min_p = np.array([0.0 if g else p.min_p for p, g in zip(params, greedy)], np.float32)
+                          for p, g in zip(params, greedy, strict=True)], np.int64)
+        top_p = np.array([1.0 if g else p.top_p for p, g in zip(params, greedy, strict=True)], np.float32)
+        min_p = np.array([0.0 if g else p.min_p for p, g in zip(params, greedy, strict=True)], np.float32)
         arrays = dict(temperatures=temps, top_k=top_k, top_p=top_p, min_p=min_p)
         for name, attr, off in (("presence_penalties", "presence_penalty", 0.0),
                                 ("frequency_penalties", "frequency_penalty", 0.0),
@@ -170,7 +170,7 @@ def unpack_results(result: StepResult, logprob_counts: Sequence[int | None]) -> 
     if len(token_ids) != len(logprob_counts):
         raise ValueError(f"{len(token_ids)} sampled ids for {len(logprob_counts)} rows")
     out = []
-    for i, (token_id, count) in enumerate(zip(token_ids, logprob_counts)):
+    for i, (token_id, count) in enumerate(zip(token_ids, logprob_counts, strict=True)):
         if count is None or result.logprobs is None or result.ranks is None:
             out.append(SampleResult(token_id, None, None))
             continue
@@ -178,7 +178,7 @@ def unpack_results(result: StepResult, logprob_counts: Sequence[int | None]) -> 
         entries = {token_id: Logprob(chosen, int(result.ranks[i]))}
         if count > 0 and result.topk_ids is not None and result.topk_logprobs is not None:
             for rank, (tok, lp) in enumerate(zip(result.topk_ids[i][:count],
-                                                 result.topk_logprobs[i][:count]), start=1):
+                                                 result.topk_logprobs[i][:count], strict=True), start=1):
                 entries.setdefault(tok, Logprob(float(lp), rank))
         out.append(SampleResult(token_id, chosen, entries))
     return out

@@ -270,7 +270,7 @@ class Scheduler:
             raise ValueError(f"got {len(sampled_token_ids)} sampled token ids for "
                              f"{len(out.sampling)} sampling sequences")
         finished: list[Sequence] = []
-        for entry, token_id in zip(out.sampling, sampled_token_ids):
+        for entry, token_id in zip(out.sampling, sampled_token_ids, strict=True):
             seq = entry.seq
             if not seq.output_token_ids or seq.token_ids[-1] != placeholder:
                 continue

@@ -23,12 +23,19 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from nv_engine.executor.base import (Executor, RankConfig, RunnerSpec, in_process_allowed,
-                                     register_in_process_runner)
-from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, abort_group, backend_for,
-                                            destroy_group, init_group, keep_nvls_off,
-                                            make_store_server, resolve_runner_cls, set_cuda_device,
-                                            share_cpu_threads)
+from nv_engine.executor.base import Executor, RankConfig, RunnerSpec, in_process_allowed, register_in_process_runner
+from nv_engine.executor.distributed import (
+    DEFAULT_TIMEOUT_S,
+    abort_group,
+    backend_for,
+    destroy_group,
+    init_group,
+    keep_nvls_off,
+    make_store_server,
+    resolve_runner_cls,
+    set_cuda_device,
+    share_cpu_threads,
+)
 from nv_engine.executor.group import WorkerGroup
 from nv_engine.executor.worker import ERR, encode
 

@@ -15,11 +15,6 @@ import os
 import numpy as np
 import torch
 import torch.distributed as dist
-from nv_kernels import get_backend
-from nv_layers.forward_context import ForwardContext, forward_context
-from nv_layers.loader import build_model
-from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
-from nv_layers.sampler import Sampler
 from torch import nn
 
 from nv_engine.checkpoints.registry import get_model_class
@@ -30,6 +25,11 @@ from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, cuda_memory_s
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.step import StepInput, StepResult
+from nv_kernels import get_backend
+from nv_layers.forward_context import ForwardContext, forward_context
+from nv_layers.loader import build_model
+from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
+from nv_layers.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class ModelRunner:
                                     torch.from_numpy(positions).to(dev))
                 logits = self.model.compute_logits(hidden)
         finally:
-            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches):
+            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
         del hidden
         if self.is_driver:
@@ -179,7 +179,7 @@ class ModelRunner:
                                     torch.zeros(batch_size, dtype=torch.int64, device=dev))
             self.model.compute_logits(hidden)
         finally:
-            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches):
+            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
 
     # ---- KV cache and graphs -----------------------------------------------------------------
