@@ -13,13 +13,13 @@ import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from nv_engine.outputs import Logprob
 from nv_engine.sampling_params import SAMPLING_EPS, SamplingParams
-from nv_engine.step import SamplingBatch, StepResult
+from nv_engine.step import SamplingBatch, SamplingFlags, StepResult
 
 _static_ids = itertools.count(1)
 
@@ -38,7 +38,7 @@ class _StaticPart:
 
     static_id: int
     arrays: dict[str, np.ndarray]  # name -> [S] or [S, L] array (temperatures, ..., logit bias)
-    flags: dict[str, Any]  # SamplingTensors' Python-side fields
+    flags: SamplingFlags  # SamplingTensors' Python-side fields
     logprob_counts: list[int | None]  # per row: SamplingParams.logprobs
     min_token_rows: list[tuple[int, int, list[int]]]  # (row, min_tokens, ids banned until then)
     bad_word_rows: list[int]  # rows with bad_words (bans follow the output)
@@ -54,7 +54,7 @@ def sequence_seed(params_seed: int | None, index: int, rng: random.Random) -> in
     return (params_seed + index + 2**63) % 2**64 - 2**63  # wrapped into int64
 
 
-def _padded(lists: list[Sequence[int] | None], width_rows: list[int], num_rows: int,
+def _padded(lists: Sequence[Sequence[int] | None], width_rows: list[int], num_rows: int,
             pad: int) -> np.ndarray:
     """[S, L] int64 with lists[i] in the rows of width_rows, padding elsewhere."""
     width = max([len(lists[i] or ()) for i in width_rows] + [1])
@@ -132,11 +132,12 @@ class SamplingBatchBuilder:
             arrays["logit_bias_ids"] = _padded(bias_ids, bias_rows, len(params), vocab)
             values = np.zeros(arrays["logit_bias_ids"].shape, np.float32)
             for i in bias_rows:
-                values[i, :len(params[i].logit_bias)] = list(params[i].logit_bias.values())
+                bias = params[i].logit_bias or {}
+                values[i, :len(bias)] = list(bias.values())
             arrays["logit_bias_values"] = values
         counts = [p.logprobs for p in params]
         all_greedy = all(greedy)
-        flags = dict(
+        flags = SamplingFlags(
             num_logprobs=max((c or 0 for c in counts), default=0),
             need_logprobs=any(c is not None for c in counts),
             all_greedy=all_greedy, any_greedy=any(greedy),
@@ -146,7 +147,7 @@ class SamplingBatchBuilder:
         min_rows = []
         for row, p in enumerate(params):
             if p.min_tokens > 0:
-                ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                ids = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 ids = sorted(i for i in ids if i < vocab)
                 if ids:
                     min_rows.append((row, p.min_tokens, ids))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from collections.abc import Iterator
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -34,6 +36,25 @@ from nv_layers.sampler import Sampler
 logger = logging.getLogger(__name__)
 
 
+class CausalLM(Protocol):
+    """What the runner uses of a model class from the registry (an nn.Module)."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...  # [T], [T] -> [T, H]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...  # [S, H] -> [S, V]
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
+
+class KVCacheLayer(Protocol):
+    """An attention layer of the model: the runner assigns its KV cache."""
+
+    k_cache: torch.Tensor  # [NB, BS, Hkv, D]
+    v_cache: torch.Tensor  # [NB, BS, Hkv, D]
+    num_kv_heads: int
+    head_dim: int
+
+
 def runner_device(config: EngineConfig, rank: int) -> torch.device:
     if not config.is_cuda:
         return torch.device("cpu")
@@ -52,13 +73,13 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.is_driver = get_tp_rank() == 0
         torch.manual_seed(config.seed)
-        self.model: nn.Module = build_model(get_model_class(config.hf_config), config.hf_config, config.model,
-                                            dtype=config.dtype, device=self.device)
+        self.model = cast(CausalLM, build_model(get_model_class(config.hf_config), config.hf_config, config.model,
+                                                dtype=config.dtype, device=self.device))
         self.backend = get_backend(config.attention_backend, self.device)
         self.sampler = Sampler()
         self.sampling_tensors = SamplingTensorsSource(self.device)
-        self.attention_layers = [m for m in self.model.modules()
-                                 if hasattr(m, "k_cache") and hasattr(m, "v_cache")]
+        self.attention_layers = cast(list[KVCacheLayer], [m for m in self.model.modules()
+                                                          if hasattr(m, "k_cache") and hasattr(m, "v_cache")])
         if not self.attention_layers:
             raise ValueError(f"{type(self.model).__name__} has no attention layers with a KV cache")
         self.kv_caches: list[torch.Tensor] = []
