@@ -5,7 +5,7 @@ import itertools
 import time
 from typing import Any
 
-from nv_engine.config import EngineConfig
+from nv_engine.config import EngineConfig, SamplingDefaults
 from nv_engine.engine_args import EngineArgs
 from nv_engine.llm_engine import LLMEngine
 from nv_engine.outputs import RequestOutput
@@ -22,7 +22,7 @@ class LLM:
         config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
         self.llm_engine = LLMEngine(config, stream_outputs=False)
         self._request_ids = itertools.count()
-        self._default_sampling_fields: dict[str, float | int] | None = None   # read once
+        self._default_sampling_fields: SamplingDefaults | None = None   # read once
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The SamplingParams a request gets when it passes none: the checkpoint's generation config
@@ -67,7 +67,7 @@ class LLM:
         wanted = set(ids)
         done: dict[str, RequestOutput] = {}
         # under torchrun every rank runs this loop; only rank 0 shows progress
-        bar = _ProgressBar(len(ids)) if use_tqdm and engine.executor.is_driver else None
+        bar = _ProgressBar(len(ids)) if use_tqdm and engine.live_executor().is_driver else None
         try:
             while engine.has_unfinished_requests():
                 outputs = engine.step()

@@ -247,7 +247,7 @@ class LLMEngine:
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)))
-        executor = self._live_executor()
+        executor = self.live_executor()
         if self.async_scheduling:
             executor.launch(step_input)
             self._num_uncollected += 1
@@ -258,7 +258,7 @@ class LLMEngine:
         return launched
 
     def _collect(self) -> StepResult:
-        result = self._live_executor().collect()
+        result = self.live_executor().collect()
         self._num_uncollected -= 1
         if result is None:
             raise RuntimeError("the executor returned no result for a step")
@@ -328,7 +328,8 @@ class LLMEngine:
                 self._num_uncollected = 0
         self.abort_request(sorted(request_ids))
 
-    def _live_executor(self) -> Executor:
+    def live_executor(self) -> Executor:
+        """The executor; RuntimeError once the engine is shut down."""
         if self.executor is None:
             raise RuntimeError("the engine was shut down")
         return self.executor
