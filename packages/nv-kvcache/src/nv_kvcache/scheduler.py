@@ -132,7 +132,8 @@ class Scheduler:
                 budget += reclaimed
             entry = seq._decode_entry
             if entry is None:
-                entry = seq._decode_entry = ScheduledSeq(seq, 1, True)
+                # sequence.py cannot name ScheduledSeq (scheduler_output imports it): its slot is typed None
+                entry = seq._decode_entry = ScheduledSeq(seq, 1, True)  # pyright: ignore[reportAttributeAccessIssue]
             decodes.append(entry)
             budget -= 1
 

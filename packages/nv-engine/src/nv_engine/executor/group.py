@@ -15,9 +15,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import cast
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from typing import cast
 
 from nv_engine.executor.worker import BYE, ERR, HELLO, SHUTDOWN, encode, worker_main
 
