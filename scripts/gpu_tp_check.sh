@@ -6,7 +6,7 @@
 source "$(dirname "$0")/gpu_env.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 record_environment
-[ "${SKIP_TESTS:-0}" = 1 ] || "$PYTHON" -m pytest -m gpu -q -rs tests/test_tp_gpu.py tests/test_executor.py \
+[ "${SKIP_TESTS:-0}" = 1 ] || "$PYTHON" -m pytest -m gpu -q -rs tests/test_tp_gpu.py packages/nv-engine/tests/test_executor.py \
   -k "tp2 or killed or nccl" 2>&1 | tee "$RESULTS/tp_tests.log"
 "$PYTHON" -m torch.distributed.run --nproc-per-node 2 scripts/allreduce_bench.py --hidden 4096 --layers 36 2>&1 \
   | grep -v Warning | tee "$RESULTS/allreduce.log"

@@ -16,8 +16,9 @@ Plus `one_cpu_thread` (module-scoped, opt-in with `pytest.mark.usefixtures`): to
 Every checkpoint holds config.json, generation_config.json, model.safetensors (fp32) and, unless
 `with_tokenizer=False`, a byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json with a
 ChatML chat template; special tokens <|endoftext|> (eos, pad), <|im_start|>, <|im_end|>).
-Default shape (TINY_DEFAULTS): vocab 384, hidden 64, 2 layers, 4 query heads, 2 KV heads, head_dim 16,
-intermediate 128, max_position_embeddings 512; every TP size in {1, 2} divides it. Weights are
+Default shape (TINY_DEFAULTS in tiny_checkpoints.py, which writes them): vocab 384, hidden 64, 2 layers,
+4 query heads, 2 KV heads, head_dim 16, intermediate 128, max_position_embeddings 512; every TP size in
+{1, 2} divides it. Weights are
 random with std 0.1, and RMSNorm weights / biases are randomised too (HF would init them to 1 / 0),
 so a wrongly loaded norm or bias shows up in the logits. Load the HF reference with
 `AutoModelForCausalLM.from_pretrained(path).float()`.
@@ -29,59 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-TINY_DEFAULTS = dict(
-    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    rms_norm_eps=1e-6, initializer_range=0.1, bos_token_id=None,
-)
-_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.", "Hello, world! How are you today?",
-    "Paged attention stores keys and values in fixed-size blocks.",
-    "def main():\n    print('hello')\n", "1 2 3 4 5 6 7 8 9 10", "Tensor parallel layers split weights.",
-] * 4
-
-
-def _build_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    from nv_engine.checkpoints.random_model import write_tokenizer
-
-    write_tokenizer(out_dir, vocab_size - 16, corpus=_CORPUS)   # 16 ids to spare
-
-
-def _write_checkpoint(out_dir: Path, arch: str, seed: int, max_shard_size: str | None,
-                      with_tokenizer: bool, overrides: dict) -> None:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    classes = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
-    if arch not in classes:
-        raise ValueError(f"arch must be one of {sorted(classes)}, not {arch!r}")
-    config_cls, model_cls = classes[arch]
-    kwargs = dict(TINY_DEFAULTS)
-    if arch == "qwen3":
-        kwargs["head_dim"] = 16
-        kwargs["tie_word_embeddings"] = True
-    kwargs.update(overrides)
-    if with_tokenizer:
-        _build_tokenizer(out_dir, kwargs["vocab_size"])
-        tok_cfg = json.loads((out_dir / "tokenizer.json").read_text())
-        eos = next(t["id"] for t in tok_cfg["added_tokens"] if t["content"] == "<|endoftext|>")
-        kwargs.setdefault("eos_token_id", eos)
-        kwargs.setdefault("pad_token_id", eos)
-    config = config_cls(**kwargs)
-    torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn(param.shape, generator=gen))
-    save_kwargs = {"safe_serialization": True}
-    if max_shard_size:
-        save_kwargs["max_shard_size"] = max_shard_size
-    model.save_pretrained(out_dir, **save_kwargs)
+from tiny_checkpoints import write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +55,7 @@ def make_tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[.
                          default=str)
         if key not in made:
             out_dir = tmp_path_factory.mktemp(f"tiny_{arch}")
-            _write_checkpoint(out_dir, arch, seed, max_shard_size, with_tokenizer, config_overrides)
+            write_tiny_checkpoint(out_dir, arch, seed, max_shard_size, with_tokenizer, config_overrides)
             made[key] = out_dir
         return made[key]
 

@@ -17,6 +17,7 @@ from hf_compare import (
     nv_with_logprobs,
 )
 from hf_compare import random_prompts as _prompts
+
 from nv_engine import LLM, LLMEngine, SamplingParams
 
 MAX_TOKENS = 40
@@ -57,7 +58,7 @@ def test_greedy_batch_matches_hf(tiny_qwen3_dir, hf_ref, budget):
     finally:
         if llm:
             llm.shutdown()
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         assert out.prompt_token_ids == prompt
         assert out.outputs[0].token_ids == hf_ref(prompt)[0]
         assert out.outputs[0].finish_reason == "length"
@@ -83,7 +84,7 @@ def test_prefix_caching_hits_and_matches_hf(tiny_qwen3_dir, hf_ref, caching):
     finally:
         llm.shutdown()
     assert first.num_cached_tokens == 0
-    for prompt, out in zip(prompts, [first, *rest]):
+    for prompt, out in zip(prompts, [first, *rest], strict=True):
         assert out.outputs[0].token_ids == hf_ref(prompt)[0]
     for out in rest:
         assert out.num_cached_tokens == (32 if caching else 0)   # two full 16-token blocks of the prefix
@@ -146,7 +147,7 @@ def test_mixed_greedy_and_sampled_batch(llm, hf_ref):
                for i in range(len(prompts))]
     params = [GREEDY if i % 2 == 0 else sampled[i] for i in range(len(prompts))]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    for i, (prompt, out) in enumerate(zip(prompts, outputs)):
+    for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
         if i % 2 == 0:
             assert out.outputs[0].token_ids == hf_ref(prompt)[0]
         else:  # a seeded row draws the same tokens alone as in a mixed batch
@@ -159,11 +160,11 @@ def test_logprobs_match_hf(llm, hf_ref):
     prompts = _prompts([9, 24], seed=6)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
                                                    logprobs=5), use_tqdm=False)
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         tokens, ref = hf_ref(prompt)
         completion = out.outputs[0]
         assert completion.token_ids == tokens and len(completion.logprobs) == MAX_TOKENS
-        for pos, (token, entry) in enumerate(zip(tokens, completion.logprobs)):
+        for pos, (token, entry) in enumerate(zip(tokens, completion.logprobs, strict=True)):
             assert entry[token].rank == 1
             top = ref[pos].topk(5)
             assert set(entry) == set(top.indices.tolist())
@@ -190,7 +191,7 @@ def test_emulated_decode_graphs_match_hf(tiny_qwen3_dir, hf_ref):
     finally:
         llm.shutdown()
     assert {p for p, _ in replayed} >= {12, 8} and any(p > b for p, b in replayed)   # padded replays ran
-    for prompt, param, out in zip(prompts, params, outputs):
+    for prompt, param, out in zip(prompts, params, outputs, strict=True):
         assert out.outputs[0].token_ids == hf_ref(prompt)[0][:param.max_tokens]
 
 
@@ -201,7 +202,7 @@ def test_tensor_parallel_2_on_gloo_matches_hf(tiny_qwen3_dir, hf_ref):
         outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     finally:
         llm.shutdown()
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         assert out.outputs[0].token_ids == hf_ref(prompt)[0]
 
 

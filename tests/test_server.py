@@ -19,7 +19,6 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from nv_engine.entrypoints.server.app import create_app  # noqa: E402
 from nv_engine.entrypoints.server.cli import build_app_for_engine, create_engine  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
 
@@ -44,7 +43,7 @@ def server(tiny_qwen3_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def client(server) -> "openai.OpenAI":
+def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
@@ -122,11 +121,11 @@ def test_completion_n_stop_logprobs_max_tokens(client):
         assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
         assert all(lp_ <= 0 for lp_ in lp.token_logprobs)
         assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
-        for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        for chosen, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
             assert max(top.values()) >= chosen - 1e-6     # the top entries are the most likely
     greedy = client.completions.create(model=MODEL, prompt="Hello", temperature=0, max_tokens=6,
                                        logprobs=3, extra_body={"ignore_eos": True}).choices[0].logprobs
-    for chosen, top in zip(greedy.token_logprobs, greedy.top_logprobs):
+    for chosen, top in zip(greedy.token_logprobs, greedy.top_logprobs, strict=True):
         assert abs(max(top.values()) - chosen) < 1e-5     # greedy picks the top-1 token
 
 
@@ -231,7 +230,7 @@ def test_bad_requests_get_400_and_server_keeps_serving(server, http):
         assert set(err) == {"message", "type", "param", "code"} and err["message"], err
         if param is not None:
             assert err["param"] == param, (body, err)
-    r = http.post("/v1/completions", content=b'{"model": "tiny", "prompt": ', 
+    r = http.post("/v1/completions", content=b'{"model": "tiny", "prompt": ',
                   headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3,

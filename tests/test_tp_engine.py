@@ -34,7 +34,7 @@ def _run(llm: LLM) -> list[tuple[list[int], list[float]]]:
     results = []
     for out in outputs:
         completion = out.outputs[0]
-        chosen = [step[tok].logprob for tok, step in zip(completion.token_ids, completion.logprobs)]
+        chosen = [step[tok].logprob for tok, step in zip(completion.token_ids, completion.logprobs, strict=True)]
         results.append((list(completion.token_ids), chosen))
     return results
 
@@ -43,7 +43,7 @@ def _assert_same(reference, got) -> None:
     for (ref_ids, ref_lp), (ids, lp) in zip(reference, got, strict=True):
         assert ids == ref_ids
         assert len(ids) == MAX_TOKENS
-        assert max(abs(a - b) for a, b in zip(lp, ref_lp)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(lp, ref_lp, strict=True)) < 1e-4
 
 
 @pytest.fixture(scope="module")

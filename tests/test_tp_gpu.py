@@ -12,8 +12,8 @@ import time
 
 import pytest
 import torch
-
 from hf_compare import check_logprobs_close, hf_greedy, hf_with_logprobs, load_hf, nv_with_logprobs, random_prompts
+
 from nv_engine import LLM, SamplingParams
 
 pytestmark = [pytest.mark.gpu,
@@ -26,7 +26,8 @@ def qwen3_06b_dirs(tmp_path_factory):
     from nv_engine.checkpoints.random_model import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tp")
-    return {dtype: write_random_checkpoint(root / dtype, "qwen3-0.6b", dtype=dtype) for dtype in ("bfloat16", "float32")}
+    return {dtype: write_random_checkpoint(root / dtype, "qwen3-0.6b", dtype=dtype)
+            for dtype in ("bfloat16", "float32")}
 
 
 def _generate(model_dir, tp: int, prompts, params, **kwargs):
@@ -57,7 +58,7 @@ def test_tp2_bf16_follows_hf_and_tp1(qwen3_06b_dirs):
     torch.cuda.empty_cache()
     check_logprobs_close(tp2, refs, "nv tp2", "hf")
     check_logprobs_close(tp2, tp1, "nv tp2", "nv tp1")
-    same = sum(a[0] == b[0] for a, b in zip(tp1, tp2))
+    same = sum(a[0] == b[0] for a, b in zip(tp1, tp2, strict=True))
     print(f"bf16: {same}/{len(prompts)} prompts with identical greedy tokens at TP=2 and TP=1")
 
 

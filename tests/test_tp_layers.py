@@ -30,8 +30,16 @@ def _gather(x: torch.Tensor) -> torch.Tensor:
 
 def layer_checks() -> dict[str, float]:
     """Max abs difference between each TP layer and its unsharded computation (runs on every rank)."""
-    from nv_layers import (ColumnParallelLinear, ForwardContext, MergedColumnParallelLinear, ParallelLMHead,
-                           QKVParallelLinear, RowParallelLinear, VocabParallelEmbedding, forward_context)
+    from nv_layers import (
+        ColumnParallelLinear,
+        ForwardContext,
+        MergedColumnParallelLinear,
+        ParallelLMHead,
+        QKVParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        forward_context,
+    )
 
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(0)                     # same full tensors on every rank
@@ -159,7 +167,7 @@ def test_model_tp2_equals_tp1(tp2_results: dict, fixture: str, request: pytest.F
     for rank in range(WORLD):
         got = tp2_results[rank]["models"][path]
         assert [g.shape for g in got] == [r.shape for r in reference]
-        err = max((g - r).abs().max().item() for g, r in zip(got, reference))
+        err = max((g - r).abs().max().item() for g, r in zip(got, reference, strict=True))
         assert err < TOL, (rank, err)
 
 

@@ -1,4 +1,4 @@
-"""Fixtures for nv-engine's unit tests: a tiny random Qwen3 checkpoint (with tokenizer) written once."""
+"""Fixtures for nv-engine's unit tests: tiny random Qwen3 checkpoints (with tokenizer) written once."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +13,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return write_random_checkpoint(tmp_path_factory.mktemp("nv_engine_tiny") / "tiny", "tiny",
                                    dtype="float32", with_tokenizer=True, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HF-written tiny Qwen3 of tests/conftest.py (std 0.1, randomised norms: varied greedy text)."""
+    from tiny_checkpoints import write_tiny_checkpoint
+
+    out_dir = tmp_path_factory.mktemp("tiny_qwen3")
+    write_tiny_checkpoint(out_dir, "qwen3", 0, None, True, {})
+    return out_dir
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -40,8 +40,8 @@ def test_nv_generate_random_weights_builds_a_random_qwen3(tmp_path, monkeypatch,
 
 def test_nv_generate_as_a_module(tiny_model_dir):
     result = subprocess.run(
-        [sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "--model", str(tiny_model_dir), "--max-tokens", "4",
-         "Hi there"], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "--model", str(tiny_model_dir),
+         "--max-tokens", "4", "Hi there"], capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     assert "Completion: " in result.stdout

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from nv_engine.checkpoints import registry
+from nv_engine.checkpoints.model_path import resolve_model_path
 from nv_engine.config import DEFAULT_BLOCK_SIZE, resolve_dtype, resolve_max_model_len
 from nv_engine.engine_args import EngineArgs
-from nv_engine.checkpoints.model_path import resolve_model_path
 
 
 def create_config(model_dir, **kwargs):

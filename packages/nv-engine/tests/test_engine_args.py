@@ -9,6 +9,7 @@ import logging
 import shutil
 
 import pytest
+
 from nv_engine.__about__ import __version__
 from nv_engine.engine_args import EngineArgs
 from nv_engine.entrypoints import cli

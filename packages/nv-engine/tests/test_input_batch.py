@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from nv_kvcache import Scheduler, Sequence, StopRules
-
-from nv_engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from nv_engine.block_table_cache import BlockTableCache
-from nv_engine.step_builder import StepBuilder
+from nv_engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from nv_engine.runner.staging_buffer import StagingBuffer
+from nv_engine.step_builder import StepBuilder
+from nv_kvcache import Scheduler, Sequence, StopRules
 
 
 def _reference(out, block_size: int) -> dict:
@@ -61,7 +60,7 @@ def test_step_builder_matches_reference(block_size, budget, seed):
         if not step.is_decode:
             assert step.logits_indices.tolist() == ref["logits_indices"]
         assert step.max_seqlen_k == max(ref["seq_lens"])
-        for row, table in zip(step.block_tables, ref["tables"]):
+        for row, table in zip(step.block_tables, ref["tables"], strict=True):
             needed = -(-step.max_seqlen_k // block_size)
             assert row[:min(len(table), needed)].tolist() == table[:needed]
         finished = sched.postprocess(out, [rng.randrange(1, 500) for _ in out.sampling])

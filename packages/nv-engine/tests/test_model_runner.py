@@ -1,17 +1,17 @@
-"""ModelRunner on CPU: KV-cache sizing, cache layout, steps with and without sampling rows, the\nCUDA-graph input layout (emulated graphs) against eager steps."""
+"""ModelRunner on CPU: KV-cache sizing, cache layout, steps with and without sampling rows, the
+CUDA-graph input layout (emulated graphs) against eager steps."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nv_kvcache import Scheduler, Sequence, StopRules
-
 from nv_engine.engine_args import EngineArgs
+from nv_engine.runner.memory import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
+from nv_engine.runner.model_runner import ModelRunner
 from nv_engine.sampling_batch import SamplingBatchBuilder
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step_builder import StepBuilder
-from nv_engine.runner.memory import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
-from nv_engine.runner.model_runner import ModelRunner
+from nv_kvcache import Scheduler, Sequence, StopRules
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,8 @@ def _greedy_run(runner: ModelRunner, prompts: list[list[int]],
     builder = StepBuilder(16, runner.config.max_blocks_per_seq)
     sampling = SamplingBatchBuilder(runner.config.hf_config.vocab_size)
     params = SamplingParams(temperature=0.0, logprobs=0)
-    seqs = [Sequence(list(p), StopRules(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, max_tokens)]
+    seqs = [Sequence(list(p), StopRules(max_tokens=n, ignore_eos=True))
+            for p, n in zip(prompts, max_tokens, strict=True)]
     logprobs: dict[int, list[float]] = {seq.seq_id: [] for seq in seqs}
     for seq in seqs:
         sched.add(seq)
@@ -90,7 +91,7 @@ def _greedy_run(runner: ModelRunner, prompts: list[list[int]],
         out = sched.schedule()
         batch = sampling.build([(params, 0, s.seq.num_output_tokens) for s in out.sampling]) if out.sampling else None
         result = runner.execute(builder.build(out, batch))
-        for s, logprob in zip(out.sampling, result.logprobs or []):
+        for s, logprob in zip(out.sampling, result.logprobs or [], strict=False):
             logprobs[s.seq.seq_id].append(logprob)
         sched.postprocess(out, result.token_ids)
     return [list(seq.output_token_ids) for seq in seqs], [logprobs[seq.seq_id] for seq in seqs]

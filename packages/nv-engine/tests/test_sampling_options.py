@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+
 from nv_engine import LLM, SamplingParams
 
 PROMPTS = ["The quick brown fox", "Hello, world! How are", "1 2 3 4"]
@@ -33,7 +34,7 @@ def test_logit_bias_of_100_makes_greedy_repeat_that_token(llm, baseline):
         assert tokens(llm, params) == [[target] * MAX_TOKENS] * len(PROMPTS)
     # a -100 bias removes the greedy choice: the first token changes
     banned = tokens(llm, greedy(logit_bias={out[0]: -100 for out in baseline}))
-    assert all(b[0] != out[0] for b, out in zip(banned, baseline))
+    assert all(b[0] != out[0] for b, out in zip(banned, baseline, strict=True))
 
 
 def test_allowed_token_ids_limit_what_is_sampled(llm, baseline):

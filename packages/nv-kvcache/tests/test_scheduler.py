@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from nv_kvcache import FinishReason, Scheduler, Sequence, SequenceStatus, StopRules
+from nv_kvcache import Scheduler, Sequence, SequenceStatus, StopRules
 from nv_kvcache.testing import FakeModel, check_invariants, check_scheduled, reference_output, run_to_completion
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from nv_kvcache import FinishReason, Scheduler, Sequence, SequenceStatus, StopRules
-from nv_kvcache.testing import FakeModel, check_invariants
+from nv_kvcache.testing import check_invariants
 
 
 def make(**kw) -> Scheduler:
@@ -155,7 +155,7 @@ def generate_overlapped(sched: Scheduler, seqs: list[Sequence], scripts: list[li
     schedule the next step, then resolve the placeholders with the scripted ids."""
     for seq in seqs:
         sched.add(seq)
-    tokens = {seq.seq_id: iter(script) for seq, script in zip(seqs, scripts)}
+    tokens = {seq.seq_id: iter(script) for seq, script in zip(seqs, scripts, strict=True)}
     stopped_late = []
     out = sched.schedule()
     while not out.is_empty:
@@ -178,7 +178,7 @@ def test_resolved_placeholders_give_the_synchronous_outcome():
     sched = make()
     overlapped = generate_overlapped(sched, [Sequence([1, 3], rules) for rules, _ in cases],
                                      [script for _, script in cases])
-    for sync, late in zip(synchronous, overlapped):
+    for sync, late in zip(synchronous, overlapped, strict=True):
         assert late.output_token_ids == sync.output_token_ids and PLACEHOLDER not in late.token_ids
         assert (late.finish_reason, late.stop_token_id) == (sync.finish_reason, sync.stop_token_id)
     assert not sched.has_unfinished() and sched.block_manager.num_free_blocks == 64

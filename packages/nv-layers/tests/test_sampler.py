@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from nv_layers.sampler import (Sampler, SamplingTensors, gumbel_noise, row_keys, token_keys,
-                               uniform_from_bits)
+from nv_layers.sampler import Sampler, SamplingTensors, gumbel_noise, row_keys, token_keys, uniform_from_bits
 
 
 def make_tensors(num_rows: int, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seeds=None,

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from nv_kvcache import FinishReason
+from typing import cast
 
 from nv_engine.detokenizer import IncrementalDetokenizer
 from nv_engine.engine_requests import Tokenizer
 from nv_engine.outputs import CompletionOutput, SampleLogprobs
+from nv_kvcache import FinishReason
 
 
 @dataclass(eq=False)
@@ -35,9 +35,9 @@ class CompletionState:
         if self._final_text is None:
             # A multi-byte character cut at the end decodes to U+FFFD: dropped, as the incremental
             # detokenizer never emits it either.
-            self._final_text = tokenizer.decode(
-                self.token_ids, skip_special_tokens=self.skip_special_tokens,
-                clean_up_tokenization_spaces=False).rstrip("\ufffd")
+            text = cast(str, tokenizer.decode(   # one list of ids: one str
+                self.token_ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False))
+            self._final_text = text.rstrip("\ufffd")
         return self._final_text
 
     def to_output(self, tokenizer: Tokenizer | None) -> CompletionOutput:

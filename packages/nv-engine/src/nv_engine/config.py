@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import torch
 
@@ -22,6 +22,17 @@ _DTYPE_NAMES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
 }
+
+
+class SamplingDefaults(TypedDict, total=False):
+    """The checkpoint's sampling defaults (SamplingParams keywords) that a request without its own gets."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    max_tokens: int
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class EngineConfig:
                 raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} but only "
                                  f"{available} CUDA device(s) are visible")
 
-    def default_sampling_params(self) -> dict[str, float | int]:
+    def default_sampling_params(self) -> SamplingDefaults:
         """Sampling defaults for requests that set none (vLLM's `get_diff_sampling_param`): with
         generation_config "auto" the checkpoint's generation_config.json (a folder: its file) values of
         temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens (as max_tokens) that
@@ -90,8 +101,8 @@ class EngineConfig:
             raise ValueError(f"cannot read generation_config.json in {folder!r}: {exc}") from exc
         names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                  "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
-        return {ours: generation[theirs] for theirs, ours in names.items()
-                if generation.get(theirs) is not None}
+        return cast(SamplingDefaults, {ours: generation[theirs] for theirs, ours in names.items()
+                                       if generation.get(theirs) is not None})
 
     @property
     def is_cuda(self) -> bool:

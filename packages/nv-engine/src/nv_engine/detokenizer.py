@@ -10,7 +10,7 @@ Each stop string is searched in the new text plus (its length - 1) characters be
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as RustTokenizer
@@ -54,12 +54,13 @@ class IncrementalDetokenizer:
         self.stop_reason: str | None = None
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        # one list of ids decodes to one str (the stubs also allow a batch's list[str])
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                               clean_up_tokenization_spaces=False))
 
     def _next_delta(self) -> str:
         """Text completed by the last id in self._ids ("" while a character is still cut)."""
-        if self._stream is not None:
+        if self._stream is not None and self._backend is not None:   # both set or both None
             try:
                 return self._stream.step(self._backend, self._ids[-1]) or ""
             except Exception:  # noqa: BLE001 - tokenizers raises on a prefix it cannot decode
@@ -149,5 +150,5 @@ def find_stop_string(text: str, stop: Sequence[str], new_from: int) -> tuple[str
 
 def decode_token(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
     """One token's text, for Logprob.decoded_token (may be partial UTF-8, shown as U+FFFD)."""
-    return tokenizer.decode([int(token_id)], skip_special_tokens=False,
-                            clean_up_tokenization_spaces=False)
+    return cast(str, tokenizer.decode([int(token_id)], skip_special_tokens=False,
+                                      clean_up_tokenization_spaces=False))

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from nv_kvcache import FinishReason
-
 from nv_engine.outputs import SampleLogprobs
+from nv_kvcache import FinishReason
 
 
 class SequenceUpdate(NamedTuple):

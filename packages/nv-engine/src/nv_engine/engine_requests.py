@@ -24,7 +24,8 @@ def prompt_to_ids(prompt: Prompt, tokenizer: Tokenizer | None, vocab_size: int) 
     text = None
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
-            text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
+            given = prompt.get("prompt")
+            text = given if isinstance(given, str) else None
             prompt = prompt["prompt_token_ids"]
         elif "prompt" in prompt:
             prompt = prompt["prompt"]
@@ -36,7 +37,8 @@ def prompt_to_ids(prompt: Prompt, tokenizer: Tokenizer | None, vocab_size: int) 
         text = prompt
         ids = list(tokenizer.encode(prompt))
     elif isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):  # ids (text kept if given)
-        raw = prompt.tolist() if hasattr(prompt, "tolist") else prompt
+        to_list = getattr(prompt, "tolist", None)   # numpy / torch ids
+        raw = prompt if to_list is None else to_list()
         try:
             ids = [operator.index(t) for t in raw]
         except TypeError:
@@ -84,6 +86,7 @@ def eos_token_ids(config: EngineConfig, tokenizer: Tokenizer | None) -> frozense
         pass
     if not ids:
         ids = _as_id_list(getattr(config.hf_config, "eos_token_id", None))
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(int(tokenizer.eos_token_id))
+    tokenizer_eos = getattr(tokenizer, "eos_token_id", None)   # None without a tokenizer
+    if tokenizer_eos is not None:
+        ids.append(int(tokenizer_eos))
     return frozenset(ids)

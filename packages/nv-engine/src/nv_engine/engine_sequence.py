@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nv_kvcache import Sequence, StopRules
-
 from nv_engine.sampling_params import SamplingParams
+from nv_kvcache import Sequence, StopRules
 
 
 class EngineSequence(Sequence):

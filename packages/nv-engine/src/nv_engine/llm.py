@@ -5,7 +5,7 @@ import itertools
 import time
 from typing import Any
 
-from nv_engine.config import EngineConfig
+from nv_engine.config import EngineConfig, SamplingDefaults
 from nv_engine.engine_args import EngineArgs
 from nv_engine.llm_engine import LLMEngine
 from nv_engine.outputs import RequestOutput
@@ -22,7 +22,7 @@ class LLM:
         config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
         self.llm_engine = LLMEngine(config, stream_outputs=False)
         self._request_ids = itertools.count()
-        self._default_sampling_fields: dict[str, float | int] | None = None   # read once
+        self._default_sampling_fields: SamplingDefaults | None = None   # read once
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The SamplingParams a request gets when it passes none: the checkpoint's generation config
@@ -55,7 +55,7 @@ class LLM:
         engine = self.llm_engine
         ids = [str(next(self._request_ids)) for _ in prompts]
         try:
-            for request_id, prompt, p in zip(ids, prompts, params):
+            for request_id, prompt, p in zip(ids, prompts, params, strict=True):
                 engine.add_request(request_id, prompt, p)
         except BaseException:
             engine.abort_request(ids)     # the bad request's batch is withdrawn; the engine stays usable
@@ -67,7 +67,7 @@ class LLM:
         wanted = set(ids)
         done: dict[str, RequestOutput] = {}
         # under torchrun every rank runs this loop; only rank 0 shows progress
-        bar = _ProgressBar(len(ids)) if use_tqdm and engine.executor.is_driver else None
+        bar = _ProgressBar(len(ids)) if use_tqdm and engine.live_executor().is_driver else None
         try:
             while engine.has_unfinished_requests():
                 outputs = engine.step()
@@ -110,7 +110,7 @@ class LLM:
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc: object) -> None:

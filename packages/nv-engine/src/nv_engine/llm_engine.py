@@ -4,8 +4,9 @@ A step: the Scheduler picks sequences and token counts; a StepBuilder turns them
 the executor runs the ModelRunner on every rank; the Scheduler appends the sampled ids and applies
 token stop rules; the engine sends a SequenceUpdate per sequence with news to its OutputProcessor,
 which detokenizes, applies stop strings, records logprobs and builds the RequestOutputs (and names
-the sequences a stop string ended, which the engine then finishes in the scheduler). A request with n > 1 is n sequences; the siblings of the first are added once the
-first has computed the prompt, so they share its prompt blocks through the prefix cache.
+the sequences a stop string ended, which the engine then finishes in the scheduler). A request with
+n > 1 is n sequences; the siblings of the first are added once the first has computed the prompt,
+so they share its prompt blocks through the prefix cache.
 
 Async scheduling (tensor_parallel_size 1): step N+1 is scheduled and launched before step N's ids
 come back. Step N is postprocessed with placeholder ids (lengths and max_tokens apply on time),
@@ -27,8 +28,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
-
 from nv_engine.config import EngineConfig
 from nv_engine.engine_args import EngineArgs
 from nv_engine.engine_core_output import SequenceUpdate
@@ -40,6 +39,7 @@ from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
+from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
 
 if TYPE_CHECKING:
     from nv_engine.executor import Executor
@@ -247,7 +247,7 @@ class LLMEngine:
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)))
-        executor = self._live_executor()
+        executor = self.live_executor()
         if self.async_scheduling:
             executor.launch(step_input)
             self._num_uncollected += 1
@@ -258,7 +258,7 @@ class LLMEngine:
         return launched
 
     def _collect(self) -> StepResult:
-        result = self._live_executor().collect()
+        result = self.live_executor().collect()
         self._num_uncollected -= 1
         if result is None:
             raise RuntimeError("the executor returned no result for a step")
@@ -328,7 +328,8 @@ class LLMEngine:
                 self._num_uncollected = 0
         self.abort_request(sorted(request_ids))
 
-    def _live_executor(self) -> Executor:
+    def live_executor(self) -> Executor:
+        """The executor; RuntimeError once the engine is shut down."""
         if self.executor is None:
             raise RuntimeError("the engine was shut down")
         return self.executor

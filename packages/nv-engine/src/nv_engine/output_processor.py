@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from nv_kvcache import FinishReason
-
 from nv_engine.completion_state import CompletionState
 from nv_engine.detokenizer import IncrementalDetokenizer, decode_token
 from nv_engine.engine_core_output import SequenceUpdate
@@ -20,6 +18,7 @@ from nv_engine.engine_requests import Tokenizer
 from nv_engine.outputs import RequestOutput
 from nv_engine.request_state import RequestState
 from nv_engine.sampling_params import SamplingParams
+from nv_kvcache import FinishReason
 
 _STOP = FinishReason.STOP
 
@@ -49,14 +48,14 @@ class OutputProcessor:
                     params: SamplingParams) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        detokenize = self.tokenizer is not None and (self.stream_outputs or bool(params.stop))
+        tokenizer = self.tokenizer if self.stream_outputs or params.stop else None   # None: no detokenizer
         completions = [
             CompletionState(
                 index, params.skip_special_tokens,
                 IncrementalDetokenizer(
-                    self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
-                    stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
-                    min_tokens=params.min_tokens) if detokenize else None,
+                    tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
+                    stop=params.stop or (), include_stop_str_in_output=params.include_stop_str_in_output,
+                    min_tokens=params.min_tokens) if tokenizer is not None else None,
                 logprobs=[] if params.logprobs is not None else None)
             for index in range(params.n)]
         self.requests[request_id] = RequestState(request_id, prompt, prompt_token_ids, params, completions)
@@ -106,7 +105,7 @@ class OutputProcessor:
                     to_finish.append((request_id, update.completion_index))
             elif reason is not None:
                 completion.finish_reason = reason
-                if update.stop_token_id is not None and update.stop_token_id in state.params.stop_token_ids:
+                if update.stop_token_id is not None and update.stop_token_id in (state.params.stop_token_ids or ()):
                     completion.stop_reason = update.stop_token_id
             touched[request_id] = state
         outputs = []

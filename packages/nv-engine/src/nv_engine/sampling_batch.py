@@ -13,13 +13,13 @@ import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from nv_engine.outputs import Logprob
 from nv_engine.sampling_params import SAMPLING_EPS, SamplingParams
-from nv_engine.step import SamplingBatch, StepResult
+from nv_engine.step import SamplingBatch, SamplingFlags, StepResult
 
 _static_ids = itertools.count(1)
 
@@ -38,7 +38,7 @@ class _StaticPart:
 
     static_id: int
     arrays: dict[str, np.ndarray]  # name -> [S] or [S, L] array (temperatures, ..., logit bias)
-    flags: dict[str, Any]  # SamplingTensors' Python-side fields
+    flags: SamplingFlags  # SamplingTensors' Python-side fields
     logprob_counts: list[int | None]  # per row: SamplingParams.logprobs
     min_token_rows: list[tuple[int, int, list[int]]]  # (row, min_tokens, ids banned until then)
     bad_word_rows: list[int]  # rows with bad_words (bans follow the output)
@@ -54,7 +54,7 @@ def sequence_seed(params_seed: int | None, index: int, rng: random.Random) -> in
     return (params_seed + index + 2**63) % 2**64 - 2**63  # wrapped into int64
 
 
-def _padded(lists: list[Sequence[int] | None], width_rows: list[int], num_rows: int,
+def _padded(lists: Sequence[Sequence[int] | None], width_rows: list[int], num_rows: int,
             pad: int) -> np.ndarray:
     """[S, L] int64 with lists[i] in the rows of width_rows, padding elsewhere."""
     width = max([len(lists[i] or ()) for i in width_rows] + [1])
@@ -78,7 +78,7 @@ class SamplingBatchBuilder:
     def build(self, rows: Sequence[SamplingRow | tuple]) -> SamplingBatch:
         if not rows:
             raise ValueError("a sampling batch needs at least one row")
-        columns = list(zip(*rows))
+        columns = list(zip(*rows, strict=True))
         params, seeds, positions = columns[0], columns[1], columns[2]
         static = self._static
         if (static is None or len(params) != len(self._last_params)
@@ -110,11 +110,11 @@ class SamplingBatchBuilder:
     def _build_static(self, params: Sequence[SamplingParams]) -> _StaticPart:
         vocab = self.vocab_size
         greedy = [p.temperature < SAMPLING_EPS for p in params]
-        temps = np.array([0.0 if g else p.temperature for p, g in zip(params, greedy)], np.float32)
+        temps = np.array([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], np.float32)
         top_k = np.array([0 if g or p.top_k >= vocab else max(p.top_k, 0)
-                          for p, g in zip(params, greedy)], np.int64)
-        top_p = np.array([1.0 if g else p.top_p for p, g in zip(params, greedy)], np.float32)
-        min_p = np.array([0.0 if g else p.min_p for p, g in zip(params, greedy)], np.float32)
+                          for p, g in zip(params, greedy, strict=True)], np.int64)
+        top_p = np.array([1.0 if g else p.top_p for p, g in zip(params, greedy, strict=True)], np.float32)
+        min_p = np.array([0.0 if g else p.min_p for p, g in zip(params, greedy, strict=True)], np.float32)
         arrays = dict(temperatures=temps, top_k=top_k, top_p=top_p, min_p=min_p)
         for name, attr, off in (("presence_penalties", "presence_penalty", 0.0),
                                 ("frequency_penalties", "frequency_penalty", 0.0),
@@ -132,11 +132,12 @@ class SamplingBatchBuilder:
             arrays["logit_bias_ids"] = _padded(bias_ids, bias_rows, len(params), vocab)
             values = np.zeros(arrays["logit_bias_ids"].shape, np.float32)
             for i in bias_rows:
-                values[i, :len(params[i].logit_bias)] = list(params[i].logit_bias.values())
+                bias = params[i].logit_bias or {}
+                values[i, :len(bias)] = list(bias.values())
             arrays["logit_bias_values"] = values
         counts = [p.logprobs for p in params]
         all_greedy = all(greedy)
-        flags = dict(
+        flags = SamplingFlags(
             num_logprobs=max((c or 0 for c in counts), default=0),
             need_logprobs=any(c is not None for c in counts),
             all_greedy=all_greedy, any_greedy=any(greedy),
@@ -146,7 +147,7 @@ class SamplingBatchBuilder:
         min_rows = []
         for row, p in enumerate(params):
             if p.min_tokens > 0:
-                ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                ids = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 ids = sorted(i for i in ids if i < vocab)
                 if ids:
                     min_rows.append((row, p.min_tokens, ids))
@@ -170,7 +171,7 @@ def unpack_results(result: StepResult, logprob_counts: Sequence[int | None]) -> 
     if len(token_ids) != len(logprob_counts):
         raise ValueError(f"{len(token_ids)} sampled ids for {len(logprob_counts)} rows")
     out = []
-    for i, (token_id, count) in enumerate(zip(token_ids, logprob_counts)):
+    for i, (token_id, count) in enumerate(zip(token_ids, logprob_counts, strict=True)):
         if count is None or result.logprobs is None or result.ranks is None:
             out.append(SampleResult(token_id, None, None))
             continue
@@ -178,7 +179,7 @@ def unpack_results(result: StepResult, logprob_counts: Sequence[int | None]) -> 
         entries = {token_id: Logprob(chosen, int(result.ranks[i]))}
         if count > 0 and result.topk_ids is not None and result.topk_logprobs is not None:
             for rank, (tok, lp) in enumerate(zip(result.topk_ids[i][:count],
-                                                 result.topk_logprobs[i][:count]), start=1):
+                                                 result.topk_logprobs[i][:count], strict=True), start=1):
                 entries.setdefault(tok, Logprob(float(lp), rank))
         out.append(SampleResult(token_id, chosen, entries))
     return out

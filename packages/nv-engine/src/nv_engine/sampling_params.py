@@ -19,7 +19,7 @@ MAX_LOGIT_BIAS = 100.0   # OpenAI's bound on |bias|
 class Tokenizer(Protocol):
     """What bad_words needs from a tokenizer (a transformers tokenizer fits)."""
 
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
 
 
 class SamplingType(enum.IntEnum):

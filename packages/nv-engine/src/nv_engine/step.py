@@ -8,6 +8,7 @@ sends back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -16,13 +17,26 @@ import numpy as np
 PLACEHOLDER_TOKEN = -1
 
 
+class SamplingFlags(TypedDict):
+    """SamplingTensors' Python-side fields (a plain dict: it unpacks into SamplingTensors' keywords)."""
+
+    num_logprobs: int
+    need_logprobs: bool
+    all_greedy: bool
+    any_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+    max_top_k: int | None
+
+
 @dataclass
 class SamplingBatch:
     """Host-side sampling inputs of one step (numpy; picklable)."""
 
     static_id: int  # same id -> same static arrays as a previous batch
     arrays: dict[str, np.ndarray]
-    flags: dict[str, bool | int | None]  # SamplingTensors' Python-side fields (all_greedy, num_logprobs, ...)
+    flags: SamplingFlags  # SamplingTensors' Python-side fields (all_greedy, num_logprobs, ...)
     seeds_positions: np.ndarray  # [2, S] int64
     logprob_counts: list[int | None]
     prompt_token_ids: np.ndarray | None = None  # [S, Lp] int64 padded with V

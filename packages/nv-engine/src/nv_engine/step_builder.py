@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from nv_kvcache import SchedulerOutput
-
 from nv_engine.block_table_cache import BlockTableCache
 from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepInput
+from nv_kvcache import SchedulerOutput
 
 
 class StepBuilder:

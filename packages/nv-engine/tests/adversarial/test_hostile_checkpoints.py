@@ -46,8 +46,9 @@ def test_checkpoint_code_is_never_run(tiny_model_dir: Path, tmp_path: Path):
 def test_truncated_gguf_names_the_file(tmp_path: Path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("gguf")
-    from nv_engine.checkpoints.gguf.reader import open_gguf
     from gguf_writer import write_llama_gguf
+
+    from nv_engine.checkpoints.gguf.reader import open_gguf
 
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)

@@ -30,7 +30,8 @@ MODEL = "tiny"
 ENGINE_KWARGS = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=16,
                      num_gpu_blocks_override=128, block_size=16)
 GREEDY = {"model": MODEL, "prompt": "The quick brown fox", "temperature": 0, "max_tokens": 8}
-LOOP_BOMB = "{% for a in range(700) %}{% for b in range(700) %}{% for c in range(700) %}{% endfor %}{% endfor %}{% endfor %}"
+LOOP_BOMB = ("{% for a in range(700) %}{% for b in range(700) %}{% for c in range(700) %}"
+             "{% endfor %}{% endfor %}{% endfor %}")
 STRING_BOMB = "{% set s = 'a' * 3000000000 %}{{ s }}"
 
 
@@ -68,7 +69,7 @@ class HealthProbe:
                 self.latencies.append(time.monotonic() - t0 if ok else math.inf)
                 time.sleep(0.02)
 
-    def __enter__(self) -> "HealthProbe":
+    def __enter__(self) -> HealthProbe:
         self._thread.start()
         while not self.latencies:     # polling before the bad request starts
             time.sleep(0.005)
@@ -166,7 +167,8 @@ def test_auth_is_checked_before_the_body_is_read(server):
     reply = _raw_request(server.url, head)
     assert reply.startswith(b"HTTP/1.1 401") and time.monotonic() - t0 < 2
     # the right key but an oversized announced body: 413 before reading it
-    reply = _raw_request(server.url, head.replace(b"Host: x\r\n", f"Host: x\r\nAuthorization: Bearer {API_KEY}\r\n".encode()))
+    with_key = head.replace(b"Host: x\r\n", f"Host: x\r\nAuthorization: Bearer {API_KEY}\r\n".encode())
+    reply = _raw_request(server.url, with_key)
     assert reply.startswith(b"HTTP/1.1 413")
 
 
@@ -234,7 +236,7 @@ def test_lone_surrogate_is_400(server):
 
 
 def test_non_ascii_bearer_token_is_401(server):
-    for token in ("ключ".encode("utf-8"), b"sk-\xff\xfe"):
+    for token in ("ключ".encode(), b"sk-\xff\xfe"):
         r = httpx.post(server.url + "/v1/completions", json=GREEDY,
                        headers=[(b"Authorization", b"Bearer " + token)])
         assert error_of(r, 401)["code"] == "invalid_api_key"

@@ -108,7 +108,7 @@ def bench_decode(batch: int = 256, steps: int = 400, block_size: int = 16, promp
         post_s.append(t1 - t0)
         sched_s.append(t2 - t1)
     sched.postprocess(out, sampled)
-    total = sorted(a + b for a, b in zip(sched_s, post_s))
+    total = sorted(a + b for a, b in zip(sched_s, post_s, strict=True))
     return {"batch": batch, "schedule_us": statistics.median(sched_s) * 1e6,
             "postprocess_us": statistics.median(post_s) * 1e6, "total_us": statistics.median(total) * 1e6,
             "total_mean_us": statistics.mean(total) * 1e6, "total_p90_us": total[int(0.9 * len(total))] * 1e6}

@@ -132,7 +132,8 @@ class Scheduler:
                 budget += reclaimed
             entry = seq._decode_entry
             if entry is None:
-                entry = seq._decode_entry = ScheduledSeq(seq, 1, True)
+                # sequence.py cannot name ScheduledSeq (scheduler_output imports it): its slot is typed None
+                entry = seq._decode_entry = ScheduledSeq(seq, 1, True)  # pyright: ignore[reportAttributeAccessIssue]
             decodes.append(entry)
             budget -= 1
 
@@ -270,7 +271,7 @@ class Scheduler:
             raise ValueError(f"got {len(sampled_token_ids)} sampled token ids for "
                              f"{len(out.sampling)} sampling sequences")
         finished: list[Sequence] = []
-        for entry, token_id in zip(out.sampling, sampled_token_ids):
+        for entry, token_id in zip(out.sampling, sampled_token_ids, strict=True):
             seq = entry.seq
             if not seq.output_token_ids or seq.token_ids[-1] != placeholder:
                 continue

@@ -14,7 +14,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"        # an EOS id or a stop id (or an engine-side stop string)
     LENGTH = "length"    # max_tokens or max_model_len
     ABORT = "abort"

@@ -11,7 +11,7 @@ from torch import nn
 
 from nv_layers.forward_context import current_forward_context
 from nv_layers.parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
-from nv_layers.weights import WeightLike, check_shape, copy_checked, read_shard, set_weight_loader, shape_of
+from nv_layers.weights import WeightLike, check_shape, copy_checked, read_shard, set_weight_loader
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -108,7 +108,7 @@ def load_safetensors(model: nn.Module, path: str | Path) -> None:
             with safe_open(str(file), framework="pt") as f:
                 for name, param_name, shard_id in entries:
                     param = params[param_name]
-                    loader = getattr(param, "weight_loader", default_weight_loader)
+                    loader: Callable[..., None] = getattr(param, "weight_loader", default_weight_loader)
                     weight = f.get_slice(name) if _lazy_ok(loader) else f.get_tensor(name)
                     try:
                         if shard_id is None:

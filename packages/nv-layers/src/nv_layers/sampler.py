@@ -134,10 +134,9 @@ def apply_top_k_top_p(logits: Tensor, t: SamplingTensors) -> Tensor:
     vocab = logits.shape[1]
     top_k = t.top_k.to(torch.int64)
     k_on = (top_k > 0) & (top_k < vocab)  # [S]
-    use_topk_op = (t.any_top_k and not t.any_top_p and t.max_top_k is not None
-                   and t.max_top_k <= _TOPK_SORT_THRESHOLD)
-    if use_topk_op:
-        kk = max(1, min(int(t.max_top_k), vocab))
+    max_top_k = t.max_top_k
+    if t.any_top_k and not t.any_top_p and max_top_k is not None and max_top_k <= _TOPK_SORT_THRESHOLD:
+        kk = max(1, min(int(max_top_k), vocab))
         top_vals = logits.topk(kk, dim=-1).values  # [S, kk] descending
         kth = top_vals.gather(1, (top_k.clamp(1, kk) - 1)[:, None])  # [S, 1]
         kth = torch.where(k_on[:, None], kth, torch.full_like(kth, float("-inf")))

@@ -19,9 +19,8 @@ from random import randint, seed
 
 import torch
 
-from nv_kernels.jit_watch import TritonCompileWatch
-
 from nv_engine.engine_args import EngineArgs
+from nv_kernels.jit_watch import TritonCompileWatch
 
 
 @dataclass
@@ -91,7 +90,8 @@ def checkpoint_parameters(model_dir: str) -> int:
 def floor_bytes(work: Workload, weight_bytes: int, kv_bytes_per_token: int, max_num_seqs: int) -> dict:
     """Bytes the run must read: weights once per decode step, KV of the whole context per token."""
     decode_steps = max(max(work.max_tokens), math.ceil(work.output_tokens / max_num_seqs))
-    context_reads = sum(out * len(p) + out * (out + 1) // 2 for p, out in zip(work.prompts, work.max_tokens))
+    context_reads = sum(out * len(p) + out * (out + 1) // 2
+                        for p, out in zip(work.prompts, work.max_tokens, strict=True))
     return dict(decode_steps=decode_steps, weight_bytes=weight_bytes * decode_steps,
                 kv_bytes=kv_bytes_per_token * context_reads,
                 total_bytes=weight_bytes * decode_steps + kv_bytes_per_token * context_reads)
@@ -130,7 +130,8 @@ def warm_up(llm, args: argparse.Namespace, max_token_id: int) -> None:
                  [SamplingParams(temperature=args.temperature, max_tokens=i + 1, ignore_eos=True) for i in range(17)],
                  use_tqdm=False)
     budget = llm.config.max_num_batched_tokens
-    overflow = make_workload(max(8, 2 * budget // max(1, args.max_input_len)), (args.max_input_len // 2, args.max_input_len),
+    overflow = make_workload(max(8, 2 * budget // max(1, args.max_input_len)),
+                             (args.max_input_len // 2, args.max_input_len),
                              (1, 1), max_token_id=max_token_id, random_seed=54321)
     llm.generate([{"prompt_token_ids": p} for p in overflow.prompts],
                  SamplingParams(temperature=args.temperature, max_tokens=3, ignore_eos=True), use_tqdm=False)

@@ -76,7 +76,7 @@ def run_generate(args: argparse.Namespace) -> int:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
     else:
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
-    for prompt, out in zip(args.prompts, outputs):
+    for prompt, out in zip(args.prompts, outputs, strict=True):
         print(f"Prompt: {prompt!r}\nCompletion: {out.outputs[0].text!r}\n")
     llm.shutdown()
     return 0

@@ -9,6 +9,9 @@ import os
 import torch
 import torch.distributed as dist
 
+# torch.distributed re-exports these store classes from torch._C without declaring them public
+from torch.distributed import Store, TCPStore  # pyright: ignore[reportPrivateImportUsage]
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNNER = "nv_engine.runner.model_runner:ModelRunner"
@@ -49,20 +52,20 @@ def share_cpu_threads(device: str, world_size: int) -> int | None:
     return previous
 
 
-def make_store_server(timeout_s: float) -> dist.TCPStore:
+def make_store_server(timeout_s: float) -> TCPStore:
     """A rendezvous store on a free port of 127.0.0.1, chosen by the OS (port 0): unique per engine."""
-    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=timeout_s),
+    return TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False)
 
 
 def init_group(*, backend: str, rank: int, world_size: int, timeout_s: float,
-               store: dist.Store | None = None, store_port: int | None = None) -> None:
+               store: Store | None = None, store_port: int | None = None) -> None:
     """init_process_group on `store` (or a client of the store at 127.0.0.1:store_port)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         if store_port is None:
             raise ValueError("init_group needs a store or a store_port")
-        store = dist.TCPStore("127.0.0.1", store_port, None, False, timeout)
+        store = TCPStore("127.0.0.1", store_port, None, False, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 

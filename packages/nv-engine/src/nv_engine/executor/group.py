@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import cast
 
 from nv_engine.executor.worker import BYE, ERR, HELLO, SHUTDOWN, encode, worker_main
 
@@ -29,7 +31,7 @@ class WorkerGroup:
         ctx = mp.get_context("spawn")
         self.grace_s = grace_s
         self._on_broken = on_broken
-        self.procs: dict[int, mp.process.BaseProcess] = {}
+        self.procs: dict[int, BaseProcess] = {}
         self.conns: dict[int, Connection] = {}
         self.replies: queue.Queue[Reply] = queue.Queue()
         self.broken: str | None = None     # why the group cannot be used any more
@@ -65,7 +67,8 @@ class WorkerGroup:
 
     @property
     def pids(self) -> dict[int, int]:
-        return {rank: proc.pid for rank, proc in self.procs.items()}
+        # a started process has a pid (procs holds started ones only)
+        return {rank: proc.pid for rank, proc in self.procs.items() if proc.pid is not None}
 
     # ---- driver side (main thread) -------------------------------------------------------------
     def wait_hellos(self) -> None:
@@ -184,10 +187,10 @@ class WorkerGroup:
                 return
             for obj in ready:
                 if obj in readers:
-                    self._read_one(obj, readers)
+                    self._read_one(cast(Connection, obj), readers)   # a key of readers
             for obj in ready:
                 if obj in sentinels:
-                    rank = sentinels.pop(obj)
+                    rank = sentinels.pop(cast(int, obj))              # a process sentinel (an fd)
                     conn = self.conns[rank]
                     while conn in readers and conn.poll(0):   # its last words come first
                         self._read_one(conn, readers)

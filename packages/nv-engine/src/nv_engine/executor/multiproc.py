@@ -21,14 +21,21 @@ import weakref
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
-from nv_engine.executor.base import (Executor, RankConfig, RunnerSpec, in_process_allowed,
-                                     register_in_process_runner)
-from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, abort_group, backend_for,
-                                            destroy_group, init_group, keep_nvls_off,
-                                            make_store_server, resolve_runner_cls, set_cuda_device,
-                                            share_cpu_threads)
+from nv_engine.executor.base import Executor, RankConfig, RunnerSpec, in_process_allowed, register_in_process_runner
+from nv_engine.executor.distributed import (
+    DEFAULT_TIMEOUT_S,
+    TCPStore,
+    abort_group,
+    backend_for,
+    destroy_group,
+    init_group,
+    keep_nvls_off,
+    make_store_server,
+    resolve_runner_cls,
+    set_cuda_device,
+    share_cpu_threads,
+)
 from nv_engine.executor.group import WorkerGroup
 from nv_engine.executor.worker import ERR, encode
 
@@ -42,7 +49,7 @@ class _State:
 
     def __init__(self) -> None:
         self.group: WorkerGroup | None = None
-        self.store: dist.TCPStore | None = None
+        self.store: TCPStore | None = None
         self.runner: object | None = None   # rank 0's runner when it lives in this process
         self.counted = False        # registered as an in-process runner
         self.owns_group = False     # this process joined a torch.distributed group for it
@@ -161,6 +168,8 @@ class MultiProcExecutor(Executor):
         """Run `local` (rank 0 here, if any), gather the workers' acks, apply the failure rule."""
         state = self._state
         group = state.group
+        if group is None:
+            raise RuntimeError(f"tensor-parallel executor is closed: {state.closed}")
         result, local_exc = None, None
         if local is not None:
             group.set_local_busy(True)

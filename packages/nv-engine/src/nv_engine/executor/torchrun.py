@@ -16,8 +16,13 @@ import traceback
 import torch.distributed as dist
 
 from nv_engine.executor.base import RankConfig, RunnerSpec
-from nv_engine.executor.distributed import (DEFAULT_TIMEOUT_S, backend_for, keep_nvls_off,
-                                            resolve_runner_cls, set_cuda_device)
+from nv_engine.executor.distributed import (
+    DEFAULT_TIMEOUT_S,
+    backend_for,
+    keep_nvls_off,
+    resolve_runner_cls,
+    set_cuda_device,
+)
 from nv_engine.executor.in_process import InProcessExecutor
 
 

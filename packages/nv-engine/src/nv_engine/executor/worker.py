@@ -21,8 +21,14 @@ import traceback
 from multiprocessing.connection import Connection
 
 from nv_engine.executor.base import RankConfig, RunnerSpec
-from nv_engine.executor.distributed import (destroy_group, init_group, keep_nvls_off, resolve_runner_cls,
-                                            set_cuda_device, share_cpu_threads)
+from nv_engine.executor.distributed import (
+    destroy_group,
+    init_group,
+    keep_nvls_off,
+    resolve_runner_cls,
+    set_cuda_device,
+    share_cpu_threads,
+)
 
 HELLO, READY, OK, ERR, BYE = "hello", "ready", "ok", "err", "bye"
 SHUTDOWN = "__nv_shutdown__"

@@ -16,7 +16,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from nv_layers.forward_context import ForwardContext, forward_context
+
 logger = logging.getLogger(__name__)
+
+# emulate=True keeps, per size, the captured context and the model body instead of a CUDA graph
+EmulatedGraph = tuple[ForwardContext, Callable[[int], torch.Tensor]]
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -43,7 +48,7 @@ class DecodeGraphs:
         self.padded = np.array(self.sizes)[np.minimum(self.padded, len(self.sizes) - 1)]
         self.max_batch_size = max_batch_size
         self.hidden = torch.zeros(max_batch_size, hidden_size, dtype=dtype, device=device)  # [maxB, H]
-        self.graphs: dict[int, object] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
         self.pool = None
         self.device = device
         self.emulate = emulate
@@ -55,11 +60,9 @@ class DecodeGraphs:
             return None
         return int(self.padded[batch_size])
 
-    def capture(self, prepare: Callable[[int], object], run_model: Callable[[int], torch.Tensor]) -> None:
+    def capture(self, prepare: Callable[[int], ForwardContext], run_model: Callable[[int], torch.Tensor]) -> None:
         """Largest size first: stage dummy inputs, run once eagerly (warm-up: JIT compiles,
         autotunes), then capture into the shared pool."""
-        from nv_layers.forward_context import forward_context
-
         start = time.perf_counter()
         before = 0 if self.emulate else torch.cuda.mem_get_info(self.device)[0]
         for bs in reversed(self.sizes):
@@ -87,9 +90,7 @@ class DecodeGraphs:
     def replay(self, padded_size: int, batch_size: int) -> torch.Tensor:
         """Run the graph of `padded_size` on the staged inputs; hidden states [batch_size, H]."""
         graph = self.graphs[padded_size]
-        if self.emulate:
-            from nv_layers.forward_context import forward_context
-
+        if isinstance(graph, tuple):       # emulate=True
             ctx, run_model = graph
             with forward_context(ctx):
                 self.hidden[:padded_size] = run_model(padded_size)

@@ -8,11 +8,11 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from nv_kernels import AttentionBackend
-from nv_layers.forward_context import ForwardContext
 
 from nv_engine.runner.staging_buffer import StagingBuffer
 from nv_engine.step import StepInput
+from nv_kernels import AttentionBackend
+from nv_layers.forward_context import ForwardContext
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 

@@ -11,15 +11,12 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from collections.abc import Iterator
+from typing import Protocol, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from nv_kernels import get_backend
-from nv_layers.forward_context import ForwardContext, forward_context
-from nv_layers.loader import build_model
-from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
-from nv_layers.sampler import Sampler
 from torch import nn
 
 from nv_engine.checkpoints.registry import get_model_class
@@ -30,8 +27,32 @@ from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, cuda_memory_s
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.step import StepInput, StepResult
+from nv_kernels import get_backend
+from nv_layers.forward_context import ForwardContext, forward_context
+from nv_layers.loader import build_model
+from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
+from nv_layers.sampler import Sampler
 
 logger = logging.getLogger(__name__)
+
+
+class CausalLM(Protocol):
+    """What the runner uses of a model class from the registry (an nn.Module)."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...  # [T], [T] -> [T, H]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...  # [S, H] -> [S, V]
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
+
+class KVCacheLayer(Protocol):
+    """An attention layer of the model: the runner assigns its KV cache."""
+
+    k_cache: torch.Tensor  # [NB, BS, Hkv, D]
+    v_cache: torch.Tensor  # [NB, BS, Hkv, D]
+    num_kv_heads: int
+    head_dim: int
 
 
 def runner_device(config: EngineConfig, rank: int) -> torch.device:
@@ -52,13 +73,13 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.is_driver = get_tp_rank() == 0
         torch.manual_seed(config.seed)
-        self.model: nn.Module = build_model(get_model_class(config.hf_config), config.hf_config, config.model,
-                                            dtype=config.dtype, device=self.device)
+        self.model = cast(CausalLM, build_model(get_model_class(config.hf_config), config.hf_config, config.model,
+                                                dtype=config.dtype, device=self.device))
         self.backend = get_backend(config.attention_backend, self.device)
         self.sampler = Sampler()
         self.sampling_tensors = SamplingTensorsSource(self.device)
-        self.attention_layers = [m for m in self.model.modules()
-                                 if hasattr(m, "k_cache") and hasattr(m, "v_cache")]
+        self.attention_layers = cast(list[KVCacheLayer], [m for m in self.model.modules()
+                                                          if hasattr(m, "k_cache") and hasattr(m, "v_cache")])
         if not self.attention_layers:
             raise ValueError(f"{type(self.model).__name__} has no attention layers with a KV cache")
         self.kv_caches: list[torch.Tensor] = []
@@ -153,7 +174,7 @@ class ModelRunner:
                                     torch.from_numpy(positions).to(dev))
                 logits = self.model.compute_logits(hidden)
         finally:
-            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches):
+            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
         del hidden
         if self.is_driver:
@@ -179,7 +200,7 @@ class ModelRunner:
                                     torch.zeros(batch_size, dtype=torch.int64, device=dev))
             self.model.compute_logits(hidden)
         finally:
-            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches):
+            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
 
     # ---- KV cache and graphs -----------------------------------------------------------------

@@ -5,9 +5,9 @@ from collections import deque
 from typing import NamedTuple
 
 import torch
-from nv_layers.sampler import SamplerOutput
 
 from nv_engine.step import StepResult
+from nv_layers.sampler import SamplerOutput
 
 
 class _Pending(NamedTuple):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from nv_layers.sampler import SamplingTensors
 
 from nv_engine.step import SamplingBatch
+from nv_layers.sampler import SamplingTensors
 
 
 class SamplingTensorsSource:

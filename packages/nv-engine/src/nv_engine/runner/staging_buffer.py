@@ -53,7 +53,7 @@ class StagingBuffer:
         return start
 
     def _view(self, start: int, n: int) -> torch.Tensor:
-        buf = self.device_buf if self.on_cuda else self.host[self.current]
+        buf = self.device_buf if self.device_buf is not None else self.host[self.current]  # None: on CPU
         return buf[start:start + n]
 
     def put(self, values: np.ndarray, n: int | None = None, fill: int | float = 0) -> torch.Tensor:
@@ -78,7 +78,7 @@ class StagingBuffer:
 
     def upload(self) -> None:
         """Queue the copy of everything staged since begin() (non-blocking on CUDA)."""
-        if not self.on_cuda or self.offset == 0:
+        if self.device_buf is None or self.offset == 0:   # None: on CPU, the host buffer is the input
             return
         self.device_buf[:self.offset].copy_(self.host[self.current][:self.offset], non_blocking=True)
         event = self.copy_done[self.current] or torch.cuda.Event()

@@ -152,7 +152,9 @@ def llama_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]
     has_bias = {stem: f"blk.0.{stem}.bias" in tensor_shapes for stem in ("attn_q", "attn_output", "ffn_up")}
     if has_bias["attn_q"] != has_bias["attn_output"]:
         raise ValueError("llama GGUF with biases on only some attention projections is not supported")
-    rope_scaling = _rope_scaling(meta, rope_factors, rope_theta, head_dim)
+    # the legacy keywords: every supported transformers takes them (newer ones fold them into rope_parameters)
+    rope: dict[str, Any] = {"rope_theta": rope_theta, "rope_scaling": _rope_scaling(meta, rope_factors, rope_theta,
+                                                                                   head_dim)}
     return LlamaConfig(
         architectures=["LlamaForCausalLM"],
         vocab_size=tensor_shapes["token_embd.weight"][0],
@@ -163,8 +165,7 @@ def llama_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]
         num_key_value_heads=int(key("attention.head_count_kv", num_heads)),
         head_dim=head_dim,
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
+        **rope,
         max_position_embeddings=int(key("context_length", 2048)),
         tie_word_embeddings="output.weight" not in tensor_shapes,
         attention_bias=has_bias["attn_q"],

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -17,8 +18,7 @@ from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
 from nv_engine.entrypoints.server.guard import RequestGuard
 from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.entrypoints.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from nv_engine.entrypoints.server.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard,
-                                                   ModelList)
+from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from nv_engine.entrypoints.server.serving import ServerState
 from nv_engine.entrypoints.server.utility_routes import UtilityRoutes
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -11,14 +12,30 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from nv_engine.entrypoints.server.chat_template_sandbox import ChatTemplateSandbox
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
-from nv_engine.entrypoints.server.protocol import (SSE_DONE, ChatChoice, ChatCompletionChunk,
-                                       ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
-                                       ChatResponseMessage, ChatStreamChoice, DeltaMessage,
-                                       PromptTokensDetails, TokenizeRequest, UsageInfo, random_id,
-                                       sse)
+from nv_engine.entrypoints.server.protocol import (
+    SSE_DONE,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    DeltaMessage,
+    PromptTokensDetails,
+    TokenizeRequest,
+    UsageInfo,
+    random_id,
+    sse,
+)
 from nv_engine.entrypoints.server.request_fields import CHAT, REQUEST_FIELDS
-from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState, engine_error,
-                                                  run_unless_disconnected)
+from nv_engine.entrypoints.server.serving import (
+    ChoiceState,
+    LogprobFormatter,
+    ServerState,
+    engine_error,
+    run_unless_disconnected,
+)
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 

@@ -39,7 +39,7 @@ class ChatTemplateSandbox:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         try:
             out, _ = await asyncio.wait_for(proc.communicate(payload), self.limits.chat_template_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise APIError(f"The chat template in {param} did not render within "
                            f"{self.limits.chat_template_timeout_s:g} s.", param=param) from None
         finally:   # whatever happened (timeout, client gone), nothing keeps running

@@ -99,8 +99,8 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
 
 
 def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
-    from nv_engine.sampling_params import SamplingParams
     from nv_engine.entrypoints.server.app import build_state, create_app
+    from nv_engine.sampling_params import SamplingParams
 
     config = engine.config
     state = build_state(engine, tokenizer=engine.tokenizer, sampling_params_cls=SamplingParams,

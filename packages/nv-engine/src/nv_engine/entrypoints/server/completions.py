@@ -3,19 +3,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
-from nv_engine.entrypoints.server.protocol import (SSE_DONE, CompletionChoice, CompletionChunk,
-                                       CompletionRequest, CompletionResponse, PromptTokensDetails,
-                                       UsageInfo, random_id, sse)
+from nv_engine.entrypoints.server.protocol import (
+    SSE_DONE,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    PromptTokensDetails,
+    UsageInfo,
+    random_id,
+    sse,
+)
 from nv_engine.entrypoints.server.request_fields import COMPLETIONS, REQUEST_FIELDS
-from nv_engine.entrypoints.server.serving import (ChoiceState, LogprobFormatter, ServerState, engine_error,
-                                                  run_unless_disconnected)
+from nv_engine.entrypoints.server.serving import (
+    ChoiceState,
+    LogprobFormatter,
+    ServerState,
+    engine_error,
+    run_unless_disconnected,
+)
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from types import FrameType
 
 import uvicorn
@@ -16,7 +17,7 @@ class DrainingServer(uvicorn.Server):
     listening socket meanwhile and waits (its graceful timeout is set a little longer)."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
-        config.timeout_graceful_shutdown = state.limits.shutdown_timeout_s + 5
+        config.timeout_graceful_shutdown = math.ceil(state.limits.shutdown_timeout_s) + 5   # uvicorn: whole seconds
         super().__init__(config)
         self.state = state
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -13,8 +13,9 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.metrics import ServerMetrics
@@ -42,7 +43,7 @@ class OutputStream:
     iteration early (client gone, task cancelled, error) aborts the requests not finished yet.
     """
 
-    def __init__(self, engine: "AsyncEngine", request_ids: list[str], out_queue: asyncio.Queue) -> None:
+    def __init__(self, engine: AsyncEngine, request_ids: list[str], out_queue: asyncio.Queue) -> None:
         self._engine = engine
         self._queue = out_queue
         self.unfinished = set(request_ids)

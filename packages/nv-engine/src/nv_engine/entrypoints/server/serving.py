@@ -13,8 +13,13 @@ from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.entrypoints.server.metrics import ServerMetrics
-from nv_engine.entrypoints.server.protocol import (ChatLogprobs, ChatLogprobToken, CompletionLogprobs,
-                                       SamplingRequest, TopLogprob)
+from nv_engine.entrypoints.server.protocol import (
+    ChatLogprobs,
+    ChatLogprobToken,
+    CompletionLogprobs,
+    SamplingRequest,
+    TopLogprob,
+)
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "max_tokens", "min_tokens", "logprobs", "presence_penalty",
@@ -196,7 +201,7 @@ class LogprobFormatter:
 
     def chat(self, token_ids: list[int], logprobs: list[dict] | None, k: int) -> ChatLogprobs:
         content = []
-        for tid, entry in zip(token_ids, logprobs or ()):
+        for tid, entry in zip(token_ids, logprobs or (), strict=False):
             chosen = entry.get(tid)
             tok = self.token_str(tid, chosen)
             tops = [TopLogprob(token=(s := self.token_str(t, lp)), logprob=_finite(lp.logprob),
@@ -210,7 +215,7 @@ class LogprobFormatter:
                    text_offset: int) -> CompletionLogprobs:
         out = CompletionLogprobs()
         offset = text_offset
-        for tid, entry in zip(token_ids, logprobs or ()):
+        for tid, entry in zip(token_ids, logprobs or (), strict=False):
             chosen = entry.get(tid)
             tok = self.token_str(tid, chosen)
             out.tokens.append(tok)

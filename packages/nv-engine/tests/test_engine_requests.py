@@ -15,7 +15,6 @@ from nv_engine import LLM, LLMEngine, SamplingParams
 PROMPT = [11, 45, 200, 7, 99, 150, 3, 64, 310, 12, 77, 5]
 
 
-pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,9 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+from openai.types import completion_create_params  # noqa: E402
+from openai.types.chat import completion_create_params as chat_create_params  # noqa: E402
+
 from nv_engine.entrypoints.server.cli import (  # noqa: E402
     build_app_for_engine,
     create_engine,
@@ -20,8 +23,6 @@ from nv_engine.entrypoints.server.cli import (  # noqa: E402
 )
 from nv_engine.entrypoints.server.request_fields import REQUEST_FIELDS, Treatment  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
-from openai.types import completion_create_params  # noqa: E402
-from openai.types.chat import completion_create_params as chat_create_params  # noqa: E402
 
 MODEL = "tiny"
 ORIGIN = "https://app.example"
