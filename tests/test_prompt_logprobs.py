@@ -3,9 +3,12 @@ in one step, over chunked prefill, next to requests without them, and for a prom
 the prefix cache (the request still computes every prompt position)."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hf_compare import load_hf, random_prompts
+
 from nv_engine import LLM, LLMEngine, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
@@ -31,12 +34,14 @@ def assert_matches_hf(prompt: list[int], got, ref: torch.Tensor, k: int) -> None
     assert got[0] is None
     for position in range(1, len(prompt)):
         entry, row = got[position], ref[position - 1]
+        assert entry is not None
         token = prompt[position]
         assert token in entry
         assert entry[token].logprob == pytest.approx(float(row[token]), abs=1e-4)
         assert entry[token].rank == int((row > row[token]).sum()) + 1
         top = row.topk(k)
-        for rank, (logprob, token_id) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+        ranked = zip(top.values.tolist(), top.indices.tolist(), strict=True)
+        for rank, (logprob, token_id) in enumerate(ranked, start=1):
             assert entry[token_id].logprob == pytest.approx(logprob, abs=1e-4)
             assert entry[token_id].rank == rank
         assert set(entry) <= {token, *top.indices.tolist()}
@@ -53,7 +58,7 @@ def test_prompt_logprobs_match_hf(tiny_qwen3_dir, hf_prompt_logprobs, budget):
         outputs = llm.generate(prompts + [prompts[1]], [wanted, wanted, wanted, plain], use_tqdm=False)
     finally:
         llm.shutdown()
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs[:3], strict=True):
         assert_matches_hf(prompt, out.prompt_logprobs, hf_prompt_logprobs(prompt), TOP_K)
     assert outputs[3].prompt_logprobs is None
 
@@ -65,10 +70,12 @@ def test_prompt_logprobs_zero_gives_the_prompt_tokens_only(tiny_qwen3_dir, hf_pr
         out = llm.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=0), use_tqdm=False)[0]
     finally:
         llm.shutdown()
-    assert_matches_hf(prompt, out.prompt_logprobs, hf_prompt_logprobs(prompt), 0)
-    assert all(list(entry) == [token] for entry, token in zip(out.prompt_logprobs[1:], prompt[1:]))
-    assert all(entry[token].decoded_token is not None
-               for entry, token in zip(out.prompt_logprobs[1:], prompt[1:]))
+    got = out.prompt_logprobs
+    assert_matches_hf(prompt, got, hf_prompt_logprobs(prompt), 0)
+    assert got is not None
+    for entry, token in zip(got[1:], prompt[1:], strict=True):
+        assert entry is not None and list(entry) == [token]
+        assert entry[token].decoded_token is not None
 
 
 def test_prompt_in_prefix_cache_is_computed_again(tiny_qwen3_dir, hf_prompt_logprobs):
@@ -95,7 +102,8 @@ def test_prompt_in_prefix_cache_is_computed_again(tiny_qwen3_dir, hf_prompt_logp
 
 
 def test_prompt_logprobs_validation(tiny_qwen3_dir):
-    for bad in (-1, 21, 1.5, True):
+    bad_values: list[Any] = [-1, 21, 1.5, True]
+    for bad in bad_values:
         with pytest.raises(ValueError, match="prompt_logprobs"):
             SamplingParams(prompt_logprobs=bad)
     llm = LLM(str(tiny_qwen3_dir), max_logprobs=2)
@@ -105,4 +113,5 @@ def test_prompt_logprobs_validation(tiny_qwen3_dir):
         out = llm.generate(["hello world"], SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)
     finally:
         llm.shutdown()
-    assert out[0].prompt_logprobs[0] is None
+    got = out[0].prompt_logprobs
+    assert got is not None and got[0] is None and len(got) == len(out[0].prompt_token_ids)

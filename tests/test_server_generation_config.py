@@ -4,10 +4,10 @@ Qwen3 whose generation config says top_k=1 (and temperature 1.5) answers an othe
 request greedily. One server for the module."""
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -39,7 +39,7 @@ def model_dir(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="module")
 def http(model_dir: Path):
     engine = create_engine(str(model_dir), **ENGINE_ARGS)
-    args = SimpleNamespace(model=str(model_dir), served_model_name=["tiny"], api_key=None, max_n=4,
+    args = argparse.Namespace(model=str(model_dir), served_model_name=["tiny"], api_key=None, max_n=4,
                            chat_template=None)
     app = build_app_for_engine(engine, args)
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:

@@ -188,7 +188,7 @@ def check_prompt_logprobs(entries: list, prompt_ids: list[int], k: int) -> None:
     """vLLM's shape: null, then per prompt token {token id: {logprob, rank, decoded_token}} holding
     the token itself and the top k."""
     assert len(entries) == len(prompt_ids) and entries[0] is None
-    for entry, token in zip(entries[1:], prompt_ids[1:]):
+    for entry, token in zip(entries[1:], prompt_ids[1:], strict=True):
         assert str(token) in entry
         assert {v["rank"] for t, v in entry.items() if t != str(token)} <= set(range(1, k + 1))
         assert set(range(1, k + 1)) <= {v["rank"] for v in entry.values()}

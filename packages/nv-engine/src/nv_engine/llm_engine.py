@@ -290,14 +290,14 @@ class LLMEngine:
             raise RuntimeError("the runner returned no prompt logprobs for a step that asked for them")
         by_id = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
         row = 0
-        for seq_id, count, first in zip(batch.seq_ids, batch.counts, batch.first_positions):
+        for seq_id, count, first in zip(batch.seq_ids, batch.counts, batch.first_positions, strict=True):
             seq: EngineSequence = by_id[seq_id]   # type: ignore[assignment]  # the engine adds only these
             width = seq.params.prompt_logprobs
             entries: list[SampleLogprobs] = []
             for p in range(row, row + count):
                 entry = {seq.prompt_token_ids[first + p - row]: Logprob(found.logprobs[p], found.ranks[p])}
-                for rank, (token_id, logprob) in enumerate(
-                        zip(found.topk_ids[p][:width], found.topk_logprobs[p][:width]), start=1):
+                top = zip(found.topk_ids[p][:width], found.topk_logprobs[p][:width], strict=True)
+                for rank, (token_id, logprob) in enumerate(top, start=1):
                     entry.setdefault(token_id, Logprob(logprob, rank))
                 entries.append(entry)
             row += count

@@ -243,6 +243,7 @@ class ModelRunner:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
             staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
+        prompt_logprobs = None                 # PromptLogprobsResult: only eager steps carry prompt rows
         if graphs is not None and padded is not None:
             hidden = graphs.replay(padded, batch)                         # [B, H]
             logits = self.model.compute_logits(hidden)                    # [B, V]
@@ -250,8 +251,8 @@ class ModelRunner:
             with forward_context(staged.ctx):
                 hidden = self.model(staged.ids, staged.positions)         # [T, H]
                 logits = None if len(step.logits_indices) == 0 else self.model.compute_logits(hidden)  # [S, V]
-            prompt_logprobs = (None if step.prompt_logprobs is None
-                               else self._prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs))
+            if step.prompt_logprobs is not None:
+                prompt_logprobs = self._prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs)
         if not self.is_driver:
             return
         if logits is None:                                                # only partial prefill chunks
