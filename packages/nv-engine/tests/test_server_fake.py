@@ -45,6 +45,7 @@ class FakeOutput:
     outputs: list
     finished: bool
     num_cached_tokens: int = 0
+    prompt_logprobs: list | None = None
 
 
 class FakeEngine:

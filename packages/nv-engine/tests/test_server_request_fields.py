@@ -4,6 +4,7 @@ non-default value takes effect or gets a 400 naming it; logit_bias, allowed_toke
 /tokenize, /detokenize, /version, /ping; unknown model -> 404; CORS; cached_tokens."""
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 from types import SimpleNamespace
@@ -172,7 +173,7 @@ def test_every_openai_field_is_honoured_or_refused(endpoint, server, http):
 def test_unimplemented_vllm_fields_and_unknown_names_are_refused(endpoint, http):
     path = ENDPOINTS[endpoint][0]
     cases = [("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a"]),
-             ("structured_outputs", {"json": {}}), ("prompt_logprobs", 1),
+             ("structured_outputs", {"json": {}}),
              ("spaces_between_special_tokens", False), ("tool_choicez", "none"), ("frobnicate", 1),
              ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}})]
     for name, value in cases:
@@ -182,6 +183,51 @@ def test_unimplemented_vllm_fields_and_unknown_names_are_refused(endpoint, http)
     for name, value in [("guided_json", None), ("spaces_between_special_tokens", True),
                         ("prompt_logprobs", None)]:
         assert http.post(path, json={**base_body(endpoint), name: value}).status_code == 200, name
+
+
+def check_prompt_logprobs(entries: list, prompt_ids: list[int], k: int) -> None:
+    """vLLM's shape: null, then per prompt token {token id: {logprob, rank, decoded_token}} holding
+    the token itself and the top k."""
+    assert len(entries) == len(prompt_ids) and entries[0] is None
+    for entry, token in zip(entries[1:], prompt_ids[1:], strict=True):
+        assert str(token) in entry
+        assert {v["rank"] for t, v in entry.items() if t != str(token)} <= set(range(1, k + 1))
+        assert set(range(1, k + 1)) <= {v["rank"] for v in entry.values()}
+        assert len(entry) in (k, k + 1)
+        best = max(v["logprob"] for v in entry.values())
+        assert entry[str(token)]["logprob"] <= best <= 0.0
+        assert entry[str(token)]["rank"] >= 1
+        assert all(isinstance(v["decoded_token"], str) for v in entry.values())
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_prompt_logprobs_field(endpoint, server, http):
+    path = ENDPOINTS[endpoint][0]
+    r = http.post(path, json={**base_body(endpoint), "prompt_logprobs": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    if endpoint == "completions":
+        prompt_ids = server.tokenizer.encode(PROMPT)
+        entries = body["choices"][0]["prompt_logprobs"]
+    else:
+        prompt_ids = http.post("/tokenize", json={"model": MODEL, "messages": CHAT}).json()["tokens"]
+        entries = body["prompt_logprobs"]
+    check_prompt_logprobs(entries, prompt_ids, 2)
+    assert len(body["choices"][0]["text" if endpoint == "completions" else "message"]) > 0
+    plain = http.post(path, json=base_body(endpoint)).json()
+    assert text_of(plain) == text_of(body)          # same greedy completion either way
+    too_many = http.post(path, json={**base_body(endpoint), "prompt_logprobs": 21})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_prompt_logprobs_stream_on_the_first_completion_chunk(server, http):
+    body = {**base_body("completions"), "prompt_logprobs": 0, "stream": True}
+    chunks = [json.loads(line[len("data: "):]) for line in http.post("/v1/completions", json=body).text.splitlines()
+              if line.startswith("data: {")]
+    carried = [c["choices"][0]["prompt_logprobs"] for c in chunks if c["choices"]]
+    prompt_ids = server.tokenizer.encode(PROMPT)
+    check_prompt_logprobs(carried[0], prompt_ids, 0)
+    assert all(entry is None for entry in carried[1:])
 
 
 def test_logit_bias_allowed_token_ids_and_bad_words_through_the_client(client, server):

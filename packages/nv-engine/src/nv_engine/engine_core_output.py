@@ -26,3 +26,6 @@ class SequenceUpdate(NamedTuple):
     finish_reason: FinishReason | None
     stop_token_id: int | None                  # the EOS / stop id that finished it, if one did
     num_cached_tokens: int                     # prompt tokens found in the prefix cache
+    # the prompt's logprobs (entry j for prompt position j + 1), in the first update of a request
+    # that asked for them
+    prompt_logprobs: list[SampleLogprobs] | None = None

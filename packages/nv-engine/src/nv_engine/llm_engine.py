@@ -34,10 +34,10 @@ from nv_engine.engine_core_output import SequenceUpdate
 from nv_engine.engine_requests import Prompt, eos_token_ids, load_tokenizer, prompt_to_ids
 from nv_engine.engine_sequence import EngineSequence
 from nv_engine.output_processor import OutputProcessor
-from nv_engine.outputs import RequestOutput
+from nv_engine.outputs import Logprob, RequestOutput, SampleLogprobs
 from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
-from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepResult
+from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
 from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
 
@@ -55,6 +55,7 @@ class _Launched:
     batch: SamplingBatch | None
     result: StepResult | None
     tokens: tuple[int, int]          # (prompt tokens computed, tokens sampled)
+    prompt_logprobs: PromptLogprobsBatch | None = None
 
 
 class LLMEngine:
@@ -107,6 +108,7 @@ class LLMEngine:
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
         self._num_penalty_requests = 0
+        self._num_prompt_logprobs_requests = 0
 
     def _check_kv_cache_holds_one_sequence(self) -> None:
         config = self.config
@@ -132,6 +134,9 @@ class LLMEngine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} is more than max_logprobs={self.config.max_logprobs}")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > self.config.max_logprobs:
+            raise ValueError(f"prompt_logprobs={params.prompt_logprobs} is more than "
+                             f"max_logprobs={self.config.max_logprobs}")
         prompt_text, ids = prompt_to_ids(prompt, self.tokenizer, self.vocab_size)
         if len(ids) > self.config.max_model_len:
             raise ValueError(f"prompt of {len(ids)} tokens is longer than max_model_len="
@@ -146,6 +151,7 @@ class LLMEngine:
         seqs = [first]
         self.requests[request_id] = seqs
         self._num_penalty_requests += params.needs_output_token_ids
+        self._num_prompt_logprobs_requests += params.prompt_logprobs is not None
         if params.n > 1 and not self.config.enable_prefix_caching:
             self._add_siblings(seqs)                       # nothing to share: batch them at once
 
@@ -175,6 +181,7 @@ class LLMEngine:
             if seqs is None:
                 continue
             self._num_penalty_requests -= seqs[0].params.needs_output_token_ids
+            self._num_prompt_logprobs_requests -= seqs[0].params.prompt_logprobs is not None
             for seq in seqs:
                 seq.reported_finished = True               # a step in flight drops its token
                 if self.scheduler.abort(seq.seq_id) is not None:
@@ -225,6 +232,8 @@ class LLMEngine:
             result = launched.result if launched.result is not None else self._collect()
             for seq in scheduler.postprocess(out, result.token_ids):
                 self.step_builder.release(seq.seq_id)
+        if launched.prompt_logprobs is not None:
+            self._record_prompt_logprobs(out, launched.prompt_logprobs, result)
         outputs = self._report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return outputs
@@ -243,10 +252,18 @@ class LLMEngine:
         prev_index = None
         if previous is not None and previous.out.sampling:
             prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
-        step_input = self.step_builder.build(out, batch, prev_index)
+        prompt_widths = None
+        if self._num_prompt_logprobs_requests:
+            prompt_widths = {}
+            for entry in out.scheduled:
+                seq = entry.seq   # type: ignore[assignment]
+                if seq.prompt_logprobs is not None and seq.params.prompt_logprobs is not None:
+                    prompt_widths[seq.seq_id] = seq.params.prompt_logprobs
+        step_input = self.step_builder.build(out, batch, prev_index, prompt_widths)
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
-        launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)))
+        launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
+                             step_input.prompt_logprobs)
         executor = self.live_executor()
         if self.async_scheduling:
             executor.launch(step_input)
@@ -263,6 +280,30 @@ class LLMEngine:
         if result is None:
             raise RuntimeError("the executor returned no result for a step")
         return result
+
+    def _record_prompt_logprobs(self, out: SchedulerOutput, batch: PromptLogprobsBatch,
+                                result: StepResult) -> None:
+        """Append the step's prompt logprobs to their sequences (a recomputed chunk, after a
+        preemption, replaces what it had before)."""
+        found = result.prompt_logprobs
+        if found is None:
+            raise RuntimeError("the runner returned no prompt logprobs for a step that asked for them")
+        by_id = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
+        row = 0
+        for seq_id, count, first in zip(batch.seq_ids, batch.counts, batch.first_positions, strict=True):
+            seq: EngineSequence = by_id[seq_id]   # type: ignore[assignment]  # the engine adds only these
+            width = seq.params.prompt_logprobs
+            entries: list[SampleLogprobs] = []
+            for p in range(row, row + count):
+                entry = {seq.prompt_token_ids[first + p - row]: Logprob(found.logprobs[p], found.ranks[p])}
+                top = zip(found.topk_ids[p][:width], found.topk_logprobs[p][:width], strict=True)
+                for rank, (token_id, logprob) in enumerate(top, start=1):
+                    entry.setdefault(token_id, Logprob(logprob, rank))
+                entries.append(entry)
+            row += count
+            if seq.prompt_logprobs is not None:
+                del seq.prompt_logprobs[first - 1:]
+                seq.prompt_logprobs.extend(entries)
 
     def _report(self, sampling: list[ScheduledSeq], result: StepResult,
                 batch: SamplingBatch | None) -> list[RequestOutput]:
@@ -285,9 +326,13 @@ class LLMEngine:
                 sample = samples[i]
                 if sample.logprobs is not None and sample.logprob is not None:
                     logprobs, logprob_delta = [sample.logprobs], sample.logprob
+            prompt_logprobs = None
+            if seq.prompt_logprobs is not None and seq.num_reported == len(new_token_ids):
+                prompt_logprobs = seq.prompt_logprobs          # its first update
             updates.append(SequenceUpdate(
                 seq.request_id, seq.index, new_token_ids, logprobs, logprob_delta,
-                seq.finish_reason if finished else None, seq.stop_token_id, seq.num_cached_tokens))
+                seq.finish_reason if finished else None, seq.stop_token_id, seq.num_cached_tokens,
+                prompt_logprobs))
             if seq.index == 0 and seq.params.n > 1:
                 seqs = self.requests[seq.request_id]
                 if len(seqs) < seq.params.n:
@@ -309,6 +354,7 @@ class LLMEngine:
         if len(seqs) == seq.params.n and all(s.reported_finished for s in seqs):
             del self.requests[seq.request_id]
             self._num_penalty_requests -= seq.params.needs_output_token_ids
+            self._num_prompt_logprobs_requests -= seq.params.prompt_logprobs is not None
 
     def _abandon_open_steps(self) -> None:
         """After a failed step: abort the requests of every step scheduled but not reported (their

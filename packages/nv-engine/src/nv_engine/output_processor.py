@@ -88,6 +88,12 @@ class OutputProcessor:
             completion.token_ids.extend(new_ids)
             if update.completion_index == 0:
                 state.num_cached_tokens = update.num_cached_tokens
+            if update.prompt_logprobs is not None and state.params.prompt_logprobs is not None:
+                if tokenizer is not None:
+                    for entry in update.prompt_logprobs:
+                        for token_id, logprob in entry.items():
+                            logprob.decoded_token = decode_token(tokenizer, token_id)
+                state.prompt_logprobs = [None, *update.prompt_logprobs]
             if update.logprobs is not None and completion.logprobs is not None:
                 if tokenizer is not None:
                     for sample in update.logprobs:

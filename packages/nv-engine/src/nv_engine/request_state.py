@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from nv_engine.completion_state import CompletionState
 from nv_engine.engine_requests import Tokenizer
-from nv_engine.outputs import RequestOutput
+from nv_engine.outputs import RequestOutput, SampleLogprobs
 from nv_engine.sampling_params import SamplingParams
 
 
@@ -17,6 +17,8 @@ class RequestState:
     params: SamplingParams
     completions: list[CompletionState]     # all n, in index order
     num_cached_tokens: int = 0             # completion 0's prompt tokens found in the prefix cache
+    # vLLM's shape: None for the first prompt token, then one dict per prompt position
+    prompt_logprobs: list[SampleLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -26,4 +28,4 @@ class RequestState:
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
             outputs=[c.to_output(tokenizer) for c in self.completions], finished=self.finished,
-            num_cached_tokens=self.num_cached_tokens)
+            num_cached_tokens=self.num_cached_tokens, prompt_logprobs=self.prompt_logprobs)

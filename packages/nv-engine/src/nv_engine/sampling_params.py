@@ -42,7 +42,9 @@ class SamplingParams:
 
     `stop` and `stop_token_ids` become lists (empty when unset); temperature 0 is greedy; top_k 0
     or -1 is off; max_tokens None means up to max_model_len;
-    logprobs None returns none, k >= 0 returns the chosen token's plus the top k per token.
+    logprobs None returns none, k >= 0 returns the chosen token's plus the top k per token;
+    prompt_logprobs k >= 0 returns, for each prompt token after the first, its logprob given the
+    tokens before it plus the top k (such a request computes its whole prompt: no prefix-cache hits).
     logit_bias {token id: bias in [-100, 100]} is added to the logits before sampling (greedy
     included); allowed_token_ids limits sampling to those ids; bad_words are strings whose token
     sequences never complete (the last token is banned when the output ends with the others).
@@ -61,6 +63,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -77,14 +80,16 @@ class SamplingParams:
         self._check_floats()
         self._check_stops()
         self._check_token_constraints()
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
 
     def _check_ints(self) -> None:
         for name in ("n", "top_k", "min_tokens"):
             if not _is_int(getattr(self, name)):
                 raise ValueError(f"{name} must be an int, got {getattr(self, name)!r}")
-        for name in ("seed", "max_tokens", "logprobs"):
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not _is_int(value):
                 raise ValueError(f"{name} must be an int or None, got {value!r}")

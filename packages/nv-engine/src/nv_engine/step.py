@@ -49,6 +49,30 @@ class SamplingBatch:
 
 
 @dataclass
+class PromptLogprobsBatch:
+    """The prompt rows of one step whose logprobs are wanted: hidden row rows[p] predicts prompt
+    token target_ids[p]. Sequence i of seq_ids owns the next counts[i] rows, whose first target is
+    prompt position first_positions[i] (positions count from 0; position 0 has no logprob)."""
+
+    rows: np.ndarray            # [P] int64 rows of the hidden states
+    target_ids: np.ndarray      # [P] int64 the prompt token each row predicts
+    num_logprobs: int           # top-k width: the largest prompt_logprobs in the step
+    seq_ids: list[int]
+    counts: list[int]
+    first_positions: list[int]
+
+
+@dataclass
+class PromptLogprobsResult:
+    """Raw log_softmax results for a PromptLogprobsBatch's rows (float32 on the device)."""
+
+    logprobs: list[float]                # [P] logprob of the target token
+    ranks: list[int]                     # [P] its rank (1 = most likely)
+    topk_ids: list[list[int]]            # [P][K]
+    topk_logprobs: list[list[float]]     # [P][K]
+
+
+@dataclass
 class StepInput:
     """One step's model inputs (picklable: workers of other ranks receive it)."""
 
@@ -65,6 +89,7 @@ class StepInput:
     sampling: SamplingBatch | None = None   # the S sampling rows' sampler inputs (None: greedy)
     prev_rows: np.ndarray | None = None   # [K] int64 rows of input_ids that are placeholders ...
     prev_src: np.ndarray | None = None    # [K] int64 ... for the previous step's sampled id at this index
+    prompt_logprobs: PromptLogprobsBatch | None = None   # never set on a decode step
 
     @property
     def num_tokens(self) -> int:
@@ -84,3 +109,4 @@ class StepResult:
     ranks: list[int] | None = None                # [S] rank of the chosen token (1 = most likely)
     topk_ids: list[list[int]] | None = None       # [S][K]
     topk_logprobs: list[list[float]] | None = None
+    prompt_logprobs: PromptLogprobsResult | None = None   # for StepInput.prompt_logprobs

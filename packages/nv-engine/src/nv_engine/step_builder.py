@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from nv_engine.block_table_cache import BlockTableCache
-from nv_engine.step import PLACEHOLDER_TOKEN, SamplingBatch, StepInput
+from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepInput
 from nv_kvcache import SchedulerOutput
 
 
@@ -26,9 +26,11 @@ class StepBuilder:
         self.blocks.release(seq_id)
 
     def build(self, out: SchedulerOutput, sampling: SamplingBatch | None = None,
-              prev_index: dict[int, int] | None = None) -> StepInput:
+              prev_index: dict[int, int] | None = None,
+              prompt_logprobs: dict[int, int] | None = None) -> StepInput:
         """prev_index: seq_id -> row in the previous step's sampled ids, for sequences whose last
-        token is still PLACEHOLDER_TOKEN (scheduled before the previous step's ids came back)."""
+        token is still PLACEHOLDER_TOKEN (scheduled before the previous step's ids came back).
+        prompt_logprobs: seq_id -> top-k width, for sequences that want their prompt's logprobs."""
         for seq in out.preempted:
             self.blocks.release(seq.seq_id)
         scheduled = out.scheduled
@@ -68,6 +70,9 @@ class StepBuilder:
         max_seqlen_k = int(seq_lens.max()) if len(scheduled) else 0
         num_block_cols = max(1, -(-max_seqlen_k // bs))
         block_tables = self.blocks.table[rows, :num_block_cols]                       # [B, M]
+        prompt_batch = None
+        if prompt_logprobs and not out.is_pure_decode:   # a decode step computes no prompt position
+            prompt_batch = self._prompt_logprobs_batch(out, prompt_logprobs, cu_seqlens_q)
         prev_rows = prev_src = None
         if prev_index:
             rows_l, src_l = [], []
@@ -85,4 +90,35 @@ class StepBuilder:
             input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, seq_lens=seq_lens,
             cu_seqlens_q=cu_seqlens_q, block_tables=block_tables, logits_indices=logits_indices,
             is_decode=out.is_pure_decode, max_seqlen_q=int(q_lens.max()) if len(scheduled) else 0,
-            max_seqlen_k=max_seqlen_k, sampling=sampling, prev_rows=prev_rows, prev_src=prev_src)
+            max_seqlen_k=max_seqlen_k, sampling=sampling, prev_rows=prev_rows, prev_src=prev_src,
+            prompt_logprobs=prompt_batch)
+
+    @staticmethod
+    def _prompt_logprobs_batch(out: SchedulerOutput, widths: dict[int, int],
+                               cu_seqlens_q: np.ndarray) -> PromptLogprobsBatch | None:
+        """The rows of the step's prompt chunks that predict a next prompt token: a chunk computing
+        positions [start, start + n) yields logprobs for prompt positions start + 1 .. start + n
+        (capped at the prompt's last position)."""
+        rows: list[np.ndarray] = []
+        targets: list[int] = []
+        seq_ids, counts, first_positions = [], [], []
+        num_logprobs = 0
+        for i, s in enumerate(out.scheduled):
+            seq = s.seq
+            width = widths.get(seq.seq_id)
+            if width is None:
+                continue
+            start = seq.num_computed_tokens
+            count = min(start + s.num_new_tokens, len(seq.prompt_token_ids) - 1) - start
+            if count <= 0:
+                continue
+            rows.append(np.arange(count, dtype=np.int64) + int(cu_seqlens_q[i]))
+            targets.extend(seq.prompt_token_ids[start + 1:start + 1 + count])
+            seq_ids.append(seq.seq_id)
+            counts.append(count)
+            first_positions.append(start + 1)
+            num_logprobs = max(num_logprobs, width)
+        if not seq_ids:
+            return None
+        return PromptLogprobsBatch(np.concatenate(rows), np.array(targets, dtype=np.int64), num_logprobs,
+                                   seq_ids, counts, first_positions)

@@ -158,7 +158,7 @@ class Scheduler:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 seq = waiting[0]
-                hits = bm.match_prefix(seq)
+                hits = [] if seq.skip_prefix_cache else bm.match_prefix(seq)
                 cached = len(hits) * bs
                 n = min(len(seq.token_ids) - cached, budget)
                 if not bm.allocate(seq, cached + n, hits):

@@ -8,6 +8,7 @@ does both; an engine that overlaps steps can call launch for step N+1 before col
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -26,12 +27,12 @@ from nv_engine.runner.input_stager import InputStager
 from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, cuda_memory_state, graph_reserve
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
-from nv_engine.step import StepInput, StepResult
+from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, StepInput, StepResult
 from nv_kernels import get_backend
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.loader import build_model
 from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
-from nv_layers.sampler import Sampler
+from nv_layers.sampler import Sampler, compute_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ class ModelRunner:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
             staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
+        prompt_logprobs = None                 # PromptLogprobsResult: only eager steps carry prompt rows
         if graphs is not None and padded is not None:
             hidden = graphs.replay(padded, batch)                         # [B, H]
             logits = self.model.compute_logits(hidden)                    # [B, V]
@@ -270,15 +272,44 @@ class ModelRunner:
             with forward_context(staged.ctx):
                 hidden = self.model(staged.ids, staged.positions)         # [T, H]
                 logits = None if len(step.logits_indices) == 0 else self.model.compute_logits(hidden)  # [S, V]
+            if step.prompt_logprobs is not None:
+                prompt_logprobs = self._prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs)
         if not self.is_driver:
             return
         if logits is None:                                                # only partial prefill chunks
             self.last_sampled = None
-            self.results.start(None)
+            self.results.start(None, prompt_logprobs)
             return
         out = self.sampler(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]))
         self.last_sampled = out.token_ids                                 # [S] on the device
-        self.results.start(out)
+        self.results.start(out, prompt_logprobs)
+
+    # Prompt rows per LM-head pass: bounds the [rows, V] float32 logits of a long prompt chunk.
+    PROMPT_LOGPROBS_ROWS = 512
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, ctx: ForwardContext,
+                         batch: PromptLogprobsBatch) -> PromptLogprobsResult | None:
+        """Raw log_softmax (float32) of the prompt rows: each target token's logprob and rank, and
+        the top-k. Every rank runs the LM head (its all-gather); rank 0 returns the result."""
+        rows = torch.from_numpy(batch.rows).to(self.device)                      # [P]
+        targets = torch.from_numpy(batch.target_ids).to(self.device)             # [P]
+        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        for lo in range(0, rows.shape[0], self.PROMPT_LOGPROBS_ROWS):
+            hi = lo + self.PROMPT_LOGPROBS_ROWS
+            with forward_context(dataclasses.replace(ctx, logits_indices=rows[lo:hi])):
+                logits = self.model.compute_logits(hidden)                      # [p, V]
+            if self.is_driver:
+                parts.append(compute_logprobs(logits.float(), targets[lo:hi], batch.num_logprobs))
+        if not self.is_driver:
+            return None
+        chosen = torch.cat([p[0] for p in parts])
+        ranks = torch.cat([p[1] for p in parts])
+        topk_ids: list[list[int]] = [[] for _ in range(chosen.shape[0])]
+        topk_logprobs: list[list[float]] = [[] for _ in range(chosen.shape[0])]
+        if batch.num_logprobs > 0:
+            topk_ids = torch.cat([p[2] for p in parts if p[2] is not None]).tolist()
+            topk_logprobs = torch.cat([p[3] for p in parts if p[3] is not None]).tolist()
+        return PromptLogprobsResult(chosen.tolist(), ranks.tolist(), topk_ids, topk_logprobs)
 
     def collect(self) -> StepResult | None:
         """Wait for the oldest uncollected step's sampled ids (rank 0); None on other ranks."""

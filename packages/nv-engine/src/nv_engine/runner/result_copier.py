@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from nv_engine.step import StepResult
+from nv_engine.step import PromptLogprobsResult, StepResult
 from nv_layers.sampler import SamplerOutput
 
 
@@ -14,6 +14,7 @@ class _Pending(NamedTuple):
     token_ids: torch.Tensor              # [S] int64: pinned host copy on CUDA, the sampler's own on CPU
     copied: torch.cuda.Event | None      # recorded after the copy was queued (CUDA only)
     out: SamplerOutput                   # logprobs / top-k, copied when the step is collected
+    prompt_logprobs: PromptLogprobsResult | None
 
 
 class ResultCopier:
@@ -25,12 +26,14 @@ class ResultCopier:
         self.host = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=self.on_cuda)
                      for _ in range(2 if self.on_cuda else 1)]
         self.current = 0
-        self.pending: deque[_Pending | None] = deque()   # None: a step that sampled nothing
+        # None / a bare PromptLogprobsResult: a step that sampled nothing
+        self.pending: deque[_Pending | PromptLogprobsResult | None] = deque()
 
-    def start(self, out: SamplerOutput | None) -> None:
-        """out: the sampler's output of the step just launched (None: it sampled nothing)."""
+    def start(self, out: SamplerOutput | None, prompt_logprobs: PromptLogprobsResult | None = None) -> None:
+        """out: the sampler's output of the step just launched (None: it sampled nothing);
+        prompt_logprobs: the step's prompt logprobs, already on the host."""
         if out is None:
-            self.pending.append(None)
+            self.pending.append(None if prompt_logprobs is None else prompt_logprobs)
             return
         if self.on_cuda and sum(entry is not None for entry in self.pending) >= len(self.host):
             raise RuntimeError(f"more than {len(self.host)} launched steps are not collected")
@@ -45,7 +48,7 @@ class ResultCopier:
             event = torch.cuda.Event()
             event.record()
             ids = host
-        self.pending.append(_Pending(ids, event, out))
+        self.pending.append(_Pending(ids, event, out, prompt_logprobs))
 
     def finish(self) -> StepResult:
         if not self.pending:
@@ -53,10 +56,12 @@ class ResultCopier:
         entry = self.pending.popleft()
         if entry is None:
             return StepResult(token_ids=[])
-        ids, event, out = entry
+        if isinstance(entry, PromptLogprobsResult):
+            return StepResult(token_ids=[], prompt_logprobs=entry)
+        ids, event, out, prompt_logprobs = entry
         if event is not None:
             event.synchronize()
-        result = StepResult(token_ids=ids.tolist())
+        result = StepResult(token_ids=ids.tolist(), prompt_logprobs=prompt_logprobs)
         if out.logprobs is not None:
             result.logprobs = out.logprobs.tolist()
             result.ranks = out.ranks.tolist() if out.ranks is not None else None

@@ -26,15 +26,17 @@ from nv_engine.entrypoints.server.utility_routes import UtilityRoutes
 def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model_path: str,
                 max_model_len: int, served_model_names: list[str] | None = None,
                 api_key: str | None = None, max_n: int = 128,
-                chat_template: str | None = None, limits: ServerLimits | None = None) -> ServerState:
-    """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests)."""
+                chat_template: str | None = None, limits: ServerLimits | None = None,
+                default_sampling: dict[str, float | int] | None = None) -> ServerState:
+    """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests).
+    default_sampling: sampling values for requests that leave them unset (generation config)."""
     names = served_model_names or [model_path]
     metrics = ServerMetrics(names[0])
     return ServerState(engine=AsyncEngine(engine, metrics), tokenizer=tokenizer,
                        sampling_params_cls=sampling_params_cls, served_model_names=names,
                        model_path=model_path, max_model_len=max_model_len, max_n=max_n,
                        metrics=metrics, api_key=api_key, chat_template=chat_template,
-                       limits=limits or ServerLimits())
+                       limits=limits or ServerLimits(), default_sampling=dict(default_sampling or {}))
 
 
 def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_path: str = "") -> FastAPI:

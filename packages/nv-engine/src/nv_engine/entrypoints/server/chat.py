@@ -129,6 +129,9 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         top_logprobs = req.top_logprobs or 0
     elif req.top_logprobs:
         raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
+    if req.prompt_logprobs is not None and req.stream:
+        raise APIError("prompt_logprobs is not supported with stream=true for chat completions.",
+                       param="prompt_logprobs")
     state.check_request(req, 1)
     ids = await render_chat_prompt(state, req, req.add_special_tokens)
     state.check_prompt(ids)
@@ -158,11 +161,14 @@ class _ChatRun:
         self.fmt = LogprobFormatter(state.tokenizer)
         self.choices = {i: ChoiceState(i) for i in range(req.n)}
         self.num_cached_tokens = 0
+        self.prompt_logprobs: list[dict | None] | None = None
 
     def _apply(self, outputs: list[Any]) -> set[int]:
         changed = set()
         for out in outputs:
             self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+            if out.prompt_logprobs is not None:
+                self.prompt_logprobs = out.prompt_logprobs
             for comp in out.outputs:
                 self.choices[comp.index].update(comp)
                 changed.add(comp.index)
@@ -190,8 +196,8 @@ class _ChatRun:
                               logprobs=self._logprobs(c, 0, len(c.token_ids)),
                               finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                    for c in self.choices.values()]
-        return ChatCompletionResponse(id=self.id, model=self.model, choices=choices,
-                                      usage=self._usage()).model_dump()
+        return ChatCompletionResponse(id=self.id, model=self.model, choices=choices, usage=self._usage(),
+                                      prompt_logprobs=self.fmt.prompt(self.prompt_logprobs)).model_dump()
 
     async def events(self, stream: OutputStream) -> AsyncIterator[str]:
         try:

@@ -107,7 +107,8 @@ def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
                         model_path=args.model, max_model_len=config.max_model_len,
                         served_model_names=args.served_model_name or [args.model],
                         api_key=args.api_key or None, max_n=args.max_n, limits=server_limits(args),
-                        chat_template=load_chat_template(getattr(args, "chat_template", None)))
+                        chat_template=load_chat_template(getattr(args, "chat_template", None)),
+                        default_sampling=config.default_sampling_params())
     cors = dict(allow_origins=getattr(args, "allowed_origins", ["*"]),
                 allow_methods=getattr(args, "allowed_methods", ["*"]),
                 allow_headers=getattr(args, "allowed_headers", ["*"]),

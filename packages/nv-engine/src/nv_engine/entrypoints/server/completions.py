@@ -98,6 +98,8 @@ class _CompletionRun:
         self.choices = {i: ChoiceState(i) for i in range(len(prompts) * req.n)}
         self.prompt_index = {f"{request_id}-{i}": i for i in range(len(prompts))}
         self.num_cached_tokens = [0] * len(prompts)   # per prompt
+        self.prompt_logprobs: list[list[dict | None] | None] = [None] * len(prompts)   # per prompt
+        self.prompt_logprobs_sent: set[int] = set()   # streamed choices that carried them
 
     def _echo(self, choice: ChoiceState) -> str:
         text, ids = self.prompts[choice.index // self.req.n]
@@ -110,6 +112,8 @@ class _CompletionRun:
             base = prompt * self.req.n
             self.num_cached_tokens[prompt] = max(self.num_cached_tokens[prompt],
                                                  out.num_cached_tokens)
+            if out.prompt_logprobs is not None:
+                self.prompt_logprobs[prompt] = out.prompt_logprobs
             for comp in out.outputs:
                 self.choices[base + comp.index].update(comp)
                 changed.add(base + comp.index)
@@ -128,6 +132,9 @@ class _CompletionRun:
         return self.fmt.completion(c.token_ids[start:end], (c.logprobs or [])[start:end],
                                    self.req.logprobs, offset)
 
+    def _prompt_logprobs(self, c: ChoiceState) -> Any:
+        return self.fmt.prompt(self.prompt_logprobs[c.index // self.req.n])
+
     async def collect(self, stream: OutputStream) -> dict:
         async for outputs in stream:
             self._apply(outputs)
@@ -136,7 +143,8 @@ class _CompletionRun:
             text = (self._echo(c) if self.req.echo else "") + c.text
             choices.append(CompletionChoice(
                 index=c.index, text=text, logprobs=self._logprobs(c, 0, len(c.token_ids), 0),
-                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                prompt_logprobs=self._prompt_logprobs(c)))
         return CompletionResponse(id=self.id, model=self.model, choices=choices,
                                   usage=self._usage()).model_dump()
 
@@ -157,9 +165,14 @@ class _CompletionRun:
                     if not delta and start == end and not finished:
                         continue
                     c.done = finished
+                    prompt_logprobs = None
+                    if index not in self.prompt_logprobs_sent:    # the first chunk carries them
+                        prompt_logprobs = self._prompt_logprobs(c)
+                        self.prompt_logprobs_sent.add(index)
                     yield sse(CompletionChunk(id=self.id, model=self.model, choices=[CompletionChoice(
                         index=index, text=delta, logprobs=self._logprobs(c, start, end, offset),
-                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                        prompt_logprobs=prompt_logprobs)]))
             if self.req.include_usage:
                 yield sse(CompletionChunk(id=self.id, model=self.model, choices=[],
                                           usage=self._usage()))

@@ -61,6 +61,7 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None   # token id (as a string, OpenAI's JSON) -> bias
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None    # per prompt token: its logprob and the top k
 
     @property
     def include_usage(self) -> bool:
@@ -147,12 +148,25 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """One entry of vLLM's prompt_logprobs: {token id as a string: PromptLogprob}."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's shape: null for the first prompt token, then one dict per prompt token
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ResponseEnvelope(BaseModel):
@@ -202,6 +216,7 @@ class ChatChoice(BaseModel):
 class ChatCompletionResponse(ResponseEnvelope):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(BaseModel):

@@ -83,11 +83,11 @@ _FIELDS: list[RequestField] = [
     # vLLM's extras
     *_honoured("top_k min_p repetition_penalty min_tokens ignore_eos skip_special_tokens "
                "include_stop_str_in_output stop_token_ids allowed_token_ids bad_words "
-               "add_special_tokens"),
+               "add_special_tokens prompt_logprobs"),
     *_honoured("add_generation_prompt continue_final_message chat_template chat_template_kwargs",
                _CHAT),
     *_default_only("echo", False, endpoints=_CHAT),
-    *_default_only("prompt_logprobs truncate_prompt_tokens guided_json guided_regex guided_choice "
+    *_default_only("truncate_prompt_tokens guided_json guided_regex guided_choice "
                    "guided_grammar guided_decoding_backend guided_whitespace_pattern "
                    "structured_outputs logits_processors documents mm_processor_kwargs cache_salt "
                    "kv_transfer_params vllm_xargs"),

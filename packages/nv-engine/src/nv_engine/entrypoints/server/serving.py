@@ -17,6 +17,8 @@ from nv_engine.entrypoints.server.protocol import (
     ChatLogprobs,
     ChatLogprobToken,
     CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
     SamplingRequest,
     TopLogprob,
 )
@@ -24,7 +26,7 @@ from nv_engine.entrypoints.server.protocol import (
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "max_tokens", "min_tokens", "logprobs", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
-                    "bad_words")
+                    "bad_words", "prompt_logprobs")
 
 
 @dataclass
@@ -43,6 +45,9 @@ class ServerState:
     chat_template: str | None = None   # --chat-template; None: the tokenizer's
     limits: ServerLimits = field(default_factory=ServerLimits)
     draining: bool = False           # SIGTERM: new /v1 requests get a 503
+    # the checkpoint's generation-config sampling defaults (EngineConfig.default_sampling_params):
+    # temperature, top_p, top_k, min_p, repetition_penalty for requests that leave them unset
+    default_sampling: dict[str, float | int] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
@@ -103,12 +108,13 @@ class ServerState:
             except ValueError as exc:
                 raise APIError(f"logit_bias keys must be token ids, got {list(req.logit_bias)}.",
                                param="logit_bias") from exc
+        top_k = self._default("top_k", req, 0)
         kwargs = dict(
             n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if req.top_k in (None, -1) else req.top_k,   # vLLM spells "off" as -1, nv as 0
-            min_p=req.min_p,
+            temperature=self._default("temperature", req, 1.0),
+            top_p=self._default("top_p", req, 1.0),
+            top_k=0 if top_k == -1 else top_k,   # vLLM spells "off" as -1, nv as 0
+            min_p=self._default("min_p", req, 0.0),
             seed=req.seed,
             stop=stop or None,
             stop_token_ids=req.stop_token_ids,
@@ -118,17 +124,27 @@ class ServerState:
             logprobs=logprobs,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty,
+            repetition_penalty=self._default("repetition_penalty", req, 1.0),
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=logit_bias,
             allowed_token_ids=req.allowed_token_ids,
             bad_words=req.bad_words,
         )
+        if req.prompt_logprobs is not None:
+            kwargs["prompt_logprobs"] = req.prompt_logprobs
         try:
             return self.sampling_params_cls(**kwargs)
         except (ValueError, TypeError, OverflowError) as exc:
             raise APIError(str(exc), param=guess_param(str(exc))) from exc
+
+    def _default(self, name: str, req: SamplingRequest, fallback: float | int) -> float | int:
+        """The request's value of a sampling field; unset (absent or null): the generation-config
+        default, else `fallback` (vLLM's defaults)."""
+        value = getattr(req, name)
+        if value is not None and name in req.model_fields_set:
+            return value
+        return self.default_sampling.get(name, fallback)
 
 
 def _stop_list(req: SamplingRequest) -> list[str]:
@@ -210,6 +226,15 @@ class LogprobFormatter:
                 token=tok, logprob=_finite(chosen.logprob if chosen is not None else float("-inf")),
                 bytes=list(tok.encode("utf-8")), top_logprobs=tops))
         return ChatLogprobs(content=content)
+
+    def prompt(self, entries: list[dict | None] | None) -> PromptLogprobs | None:
+        """The engine's RequestOutput.prompt_logprobs in vLLM's JSON shape."""
+        if entries is None:
+            return None
+        return [None if entry is None else
+                {str(t): PromptLogprob(logprob=_finite(lp.logprob), rank=lp.rank,
+                                       decoded_token=self.token_str(t, lp)) for t, lp in entry.items()}
+                for entry in entries]
 
     def completion(self, token_ids: list[int], logprobs: list[dict] | None, k: int,
                    text_offset: int) -> CompletionLogprobs:
