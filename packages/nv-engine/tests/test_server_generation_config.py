@@ -19,8 +19,6 @@ from nv_engine.entrypoints.server.protocol import CompletionRequest  # noqa: E40
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
 from nv_engine.sampling_params import SamplingParams  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
-
 PROMPT = "The quick brown fox"
 SEEDS = range(4)
 ENGINE_ARGS = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=4,
