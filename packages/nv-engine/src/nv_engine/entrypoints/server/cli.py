@@ -30,30 +30,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-methods", type=json.loads, default=["*"], help="CORS methods (JSON list)")
     p.add_argument("--allowed-headers", type=json.loads, default=["*"], help="CORS headers (JSON list)")
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    lim = p.add_argument_group("limits (per request and per server; defaults are safe for a public endpoint)")
-    d = ServerLimits()
-    lim.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
-                     help=f"larger bodies get a 413 before they are read (default {d.max_request_body_bytes})")
-    lim.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars,
-                     help=f"characters of one prompt or message (default {d.max_prompt_chars})")
-    lim.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens,
-                     help="tokens of one prompt (default: the model's context length)")
-    lim.add_argument("--max-sequences-per-request", type=int, default=d.max_sequences_per_request,
-                     help=f"prompts x n of one request (default {d.max_sequences_per_request})")
-    lim.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings,
-                     help=f"stop strings of one request (default {d.max_stop_strings})")
-    lim.add_argument("--max-stop-string-chars", type=int, default=d.max_stop_string_chars,
-                     help=f"characters of one stop string (default {d.max_stop_string_chars})")
-    lim.add_argument("--max-in-flight-requests", type=int, default=d.max_in_flight_requests,
-                     help=f"generation requests served at once; beyond it a 429 "
-                          f"(default {d.max_in_flight_requests})")
-    lim.add_argument("--trust-request-chat-template", action="store_true",
-                     help="accept `chat_template` from requests (rendered in a sandboxed subprocess)")
-    lim.add_argument("--chat-template-timeout", type=float, default=d.chat_template_timeout_s,
-                     help=f"seconds a request's chat template may render (default {d.chat_template_timeout_s:g})")
-    lim.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
-                     help=f"on SIGTERM, seconds requests in flight may take to finish "
-                          f"(default {d.shutdown_timeout_s:g})")
+    ServerLimits.add_cli_arguments(p)
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     EngineArgs.add_cli_arguments(p)
@@ -80,20 +57,9 @@ def create_engine(model: str, **kwargs: Any) -> Any:
 
 
 def server_limits(args: argparse.Namespace) -> ServerLimits:
-    """The limits the command line set (attributes it lacks keep their defaults)."""
-    d = ServerLimits()
+    """The limits the command line set; a bad value ends the command with its message."""
     try:
-        return ServerLimits(
-            max_request_body_bytes=getattr(args, "max_request_body_bytes", d.max_request_body_bytes),
-            max_prompt_chars=getattr(args, "max_prompt_chars", d.max_prompt_chars),
-            max_prompt_tokens=getattr(args, "max_prompt_tokens", d.max_prompt_tokens),
-            max_sequences_per_request=getattr(args, "max_sequences_per_request", d.max_sequences_per_request),
-            max_stop_strings=getattr(args, "max_stop_strings", d.max_stop_strings),
-            max_stop_string_chars=getattr(args, "max_stop_string_chars", d.max_stop_string_chars),
-            max_in_flight_requests=getattr(args, "max_in_flight_requests", d.max_in_flight_requests),
-            trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
-            chat_template_timeout_s=getattr(args, "chat_template_timeout", d.chat_template_timeout_s),
-            shutdown_timeout_s=getattr(args, "shutdown_timeout", d.shutdown_timeout_s))
+        return ServerLimits.from_cli_args(args)
     except ValueError as exc:
         raise SystemExit(f"nv serve: {exc}") from exc
 

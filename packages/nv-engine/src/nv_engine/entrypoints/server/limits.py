@@ -1,7 +1,9 @@
 """What one deployment lets a request ask for, and the checks that enforce it (400 / 413 / 429)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 from nv_engine.entrypoints.server.errors import APIError
 
@@ -15,17 +17,29 @@ class ServerLimits:
     The body limit is enforced before the body is parsed; text limits before tokenization; the
     in-flight bound counts generation requests being served (beyond it: 429)."""
 
-    max_request_body_bytes: int = 8 * MIB
-    max_prompt_chars: int = 1_000_000
-    max_prompt_tokens: int | None = None      # None: the model's context length
-    max_sequences_per_request: int = 256      # prompts x n
-    max_stop_strings: int = 64
-    max_stop_string_chars: int = 256
-    max_in_flight_requests: int = 2048
-    trust_request_chat_template: bool = False
-    chat_template_timeout_s: float = 5.0
+    # Each field's `nv serve` flag: metadata "help" ("{default}" is filled in); "flag" where it is not the
+    # field's name with dashes; no "help": no flag.
+    max_request_body_bytes: int = field(default=8 * MIB, metadata={
+        "help": "larger bodies get a 413 before they are read (default {default})"})
+    max_prompt_chars: int = field(default=1_000_000, metadata={
+        "help": "characters of one prompt or message (default {default})"})
+    max_prompt_tokens: int | None = field(default=None, metadata={
+        "help": "tokens of one prompt (default: the model's context length)"})
+    max_sequences_per_request: int = field(default=256, metadata={
+        "help": "prompts x n of one request (default {default})"})
+    max_stop_strings: int = field(default=64, metadata={"help": "stop strings of one request (default {default})"})
+    max_stop_string_chars: int = field(default=256, metadata={
+        "help": "characters of one stop string (default {default})"})
+    max_in_flight_requests: int = field(default=2048, metadata={
+        "help": "generation requests served at once; beyond it a 429 (default {default})"})
+    trust_request_chat_template: bool = field(default=False, metadata={
+        "help": "accept `chat_template` from requests (rendered in a sandboxed subprocess)"})
+    chat_template_timeout_s: float = field(default=5.0, metadata={
+        "flag": "--chat-template-timeout", "help": "seconds a request's chat template may render (default {default})"})
     chat_template_memory_bytes: int = 1024 * MIB
-    shutdown_timeout_s: float = 30.0
+    shutdown_timeout_s: float = field(default=30.0, metadata={
+        "flag": "--shutdown-timeout",
+        "help": "on SIGTERM, seconds requests in flight may take to finish (default {default})"})
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_prompt_chars", "max_sequences_per_request",
@@ -36,6 +50,36 @@ class ServerLimits:
             raise ValueError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}")
         if self.chat_template_timeout_s <= 0 or self.shutdown_timeout_s < 0:
             raise ValueError("chat_template_timeout_s must be > 0 and shutdown_timeout_s >= 0")
+
+    # ----------------------------------------------------------------------------- command line
+    @staticmethod
+    def _flag(name: str, meta: Mapping[str, str]) -> str:
+        return meta.get("flag") or "--" + name.replace("_", "-")
+
+    @classmethod
+    def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field that has a help text, in a "limits" group."""
+        group = parser.add_argument_group("limits (per request and per server; defaults are safe for a public "
+                                          "endpoint)")
+        for f in fields(cls):
+            if "help" not in f.metadata:
+                continue
+            flag, help_text = cls._flag(f.name, f.metadata), f.metadata["help"].format(default=f.default)
+            if f.type in (bool, "bool"):
+                group.add_argument(flag, action="store_true", help=help_text)
+            else:
+                kind = float if f.type in (float, "float") else int
+                group.add_argument(flag, type=kind, default=f.default, help=help_text)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerLimits:
+        """The limits a parsed command line set; attributes it lacks keep their defaults."""
+        values = {}
+        for f in fields(cls):
+            if "help" in f.metadata:
+                dest = cls._flag(f.name, f.metadata).removeprefix("--").replace("-", "_")
+                values[f.name] = getattr(args, dest, f.default)
+        return cls(**values)
 
     # ----------------------------------------------------------------------------- checks
     def body_too_large(self) -> APIError:
