@@ -6,7 +6,6 @@ module-scoped fixture with the variable set (and the variable is restored afterw
 from __future__ import annotations
 
 import importlib.util
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from nv_kernels.testing import PagedBatch, random_paged_batch, relative_error
+from nv_kernels.testing import PagedBatch, interpreted_triton_modules, random_paged_batch, relative_error
 from nv_kernels.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -24,13 +23,7 @@ TOL = 1e-5  # fp32 on the interpreter
 
 @pytest.fixture(scope="module")
 def kernels() -> Iterator[dict[str, ModuleType]]:
-    with pytest.MonkeyPatch.context() as mp:
-        if "nv_kernels.triton_decode" in sys.modules and "TRITON_INTERPRET" not in __import__("os").environ:
-            pytest.skip("triton kernels were already compiled for the GPU in this process")
-        mp.setenv("TRITON_INTERPRET", "1")
-        import nv_kernels.triton_backend as backend
-        import nv_kernels.triton_decode as decode
-
+    with interpreted_triton_modules("nv_kernels.triton_backend", "nv_kernels.triton_decode") as (backend, decode):
         yield {"backend": backend, "decode": decode}
 
 

@@ -5,8 +5,6 @@ with the variable set."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -14,6 +12,7 @@ import pytest
 import torch
 
 from nv_kernels.sampler_hash import sample_tokens_torch
+from nv_kernels.testing import interpreted_triton_modules
 from nv_layers.sampler import Sampler, SamplingTensors, fast_path_applies
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -21,11 +20,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 @pytest.fixture(scope="module")
 def fused() -> Iterator[ModuleType]:
-    with pytest.MonkeyPatch.context() as mp:
-        if "nv_kernels.sampler_kernel" in sys.modules and "TRITON_INTERPRET" not in os.environ:
-            pytest.skip("the kernel was already compiled for the GPU in this process")
-        mp.setenv("TRITON_INTERPRET", "1")
-        import nv_kernels.sampler_kernel as module
+    with interpreted_triton_modules("nv_kernels.sampler_kernel") as (module,):
         yield module
 
 

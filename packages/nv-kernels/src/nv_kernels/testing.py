@@ -1,7 +1,14 @@
-"""Helpers for tests (here and in other packages): random paged-KV batches and a dense reference."""
+"""Helpers for tests (here and in other packages): random paged-KV batches, a dense reference, and Triton
+kernel modules imported for the interpreter."""
 from __future__ import annotations
 
+import importlib
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -107,3 +114,17 @@ def dense_causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Ten
 def relative_error(out: Tensor, ref: Tensor) -> float:
     """||out - ref|| / ||ref|| in float64."""
     return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+@contextmanager
+def interpreted_triton_modules(*names: str) -> Iterator[list[ModuleType]]:
+    """Import the Triton kernel modules `names` with TRITON_INTERPRET=1 (on CPU, standing in for CUDA) and
+    yield them. Triton decides interpretation when a kernel is defined, so a module this process already
+    imported without the variable (compiled for the GPU) makes the caller's test skip."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        if "TRITON_INTERPRET" not in os.environ and any(name in sys.modules for name in names):
+            pytest.skip("the kernels were already compiled for the GPU in this process")
+        mp.setenv("TRITON_INTERPRET", "1")
+        yield [importlib.import_module(name) for name in names]
