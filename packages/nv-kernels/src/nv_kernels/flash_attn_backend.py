@@ -1,4 +1,4 @@
-"""Thin wrapper over the flash-attn package (used only when it is importable, on CUDA)."""
+"""Thin wrapper over the flash-attn 2 package (a build of its own: no PyPI wheels), used when importable on CUDA."""
 from __future__ import annotations
 
 import torch

@@ -53,6 +53,16 @@ class AttentionBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A backend whose kernels compile on first use and that can compile them ahead of the first request."""
+
+    def warm_up(self, num_q_heads: int, k_cache: Tensor, v_cache: Tensor) -> None:
+        """Compile the prefill and decode variants used with this cache (dtype, head_dim, block size) and
+        num_q_heads query heads. Reads the cache, writes nothing to it."""
+        ...
+
+
 def check_cache(k_cache: Tensor, v_cache: Tensor) -> tuple[int, int, int, int]:
     """Validate a K/V cache pair; return (num_blocks, block_size, num_kv_heads, head_dim)."""
     if k_cache.dim() != 4:
