@@ -264,10 +264,25 @@ def test_tiny_bf16_follows_hf_on_cpu(tmp_path):
     _bf16_follows_hf(model_dir, "cpu", vocab=512)
 
 
+def _flash_attn_runs() -> bool:
+    from nv_kernels import available_backends
+
+    return torch.cuda.is_available() and "flash_attn" in available_backends()
+
+
+needs_flash_attn = pytest.mark.skipif(not _flash_attn_runs(), reason="flash_attn does not run here")
+
+
 @pytest.mark.gpu
 @needs_cuda
-def test_qwen3_06b_bf16_follows_hf(qwen3_06b_dir):
-    _bf16_follows_hf(qwen3_06b_dir, "cuda", vocab=151936, gpu_memory_utilization=0.4)
+@pytest.mark.parametrize("backend, block_size", [
+    (None, None),
+    pytest.param("flash_attn", None, marks=needs_flash_attn),   # FA4: pages gathered by cp.async
+    pytest.param("flash_attn", 128, marks=needs_flash_attn),    # FA4: pages of one key tile, loaded by TMA
+], ids=["default", "flash_attn", "flash_attn-bs128"])
+def test_qwen3_06b_bf16_follows_hf(qwen3_06b_dir, backend, block_size):
+    _bf16_follows_hf(qwen3_06b_dir, "cuda", vocab=151936, gpu_memory_utilization=0.4,
+                     attention_backend=backend, block_size=block_size)
 
 
 @pytest.mark.gpu

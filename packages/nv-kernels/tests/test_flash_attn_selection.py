@@ -184,7 +184,6 @@ def test_fa4_decode_arguments_and_result(gpu, monkeypatch: pytest.MonkeyPatch) -
                                 max_seqlen_k=64, scale=0.25)
     live = lens > 0
     assert out.shape == b.q.shape and relative_error(out[live], ref[live]) < 1e-2
-    assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
 def test_fa4_warms_up_every_variant_once_per_cache_shape(gpu, monkeypatch: pytest.MonkeyPatch) -> None:
