@@ -5,8 +5,8 @@ Hopper (SM90) and Blackwell (SM100/SM110) only: FA4's paged-KV forward has no SM
 - prefill: q [T, Hq, D] with cu_seqlens_q; keys from the cache through page_table (= block_tables, int32
   [B, pages]) with seqused_k (= seq_lens); causal masks bottom-right aligned, so each sequence's queries
   sit at the end of its context, as nv's contract says.
-- decode: q [B, 1, Hq, D] (one query per row, no cu_seqlens_q); seqused_k 0 (CUDA-graph padding rows)
-  gives a zero row.
+- decode: q [B, 1, Hq, D] (one query per row, no cu_seqlens_q); rows with seqused_k 0 (CUDA-graph
+  padding) are allowed, their output is not used.
 Any block size works: block_size == the kernel's key tile (128 at head_dim 128) loads pages by TMA,
 other sizes gather rows with cp.async. On the TMA path a tile also loads the rows of a sequence's last
 block past its length; they are masked, but must be finite (0 * NaN is NaN). nv's cache starts zeroed
