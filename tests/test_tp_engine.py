@@ -1,7 +1,10 @@
 """LLM with tensor_parallel_size=2 on CPU (gloo) against TP=1: same greedy tokens, close logprobs.
 
 Covers both ways of running TP=2: spawned workers (rank 0 in this process, and all ranks in
-workers when this process already hosts a group) and `torchrun --nproc-per-node 2`.
+workers when this process already hosts a group) and `torchrun --nproc-per-node 2`, with async
+scheduling (the default at every TP size: each rank feeds its own sampled ids into the next step)
+and without it. Seeded random sampling at TP=2 draws TP=1's tokens: a rank that sampled other ids
+than rank 0 would feed them to its next step and the outputs would drift.
 """
 from __future__ import annotations
 
@@ -59,6 +62,7 @@ def test_tp2_spawned_workers_match_tp1(tiny_qwen3_dir, reference):
     with LLM(str(tiny_qwen3_dir), tensor_parallel_size=2, **ENGINE_ARGS) as llm:
         executor = llm.llm_engine.executor
         assert executor.world_size == 2 and executor.driver_in_process
+        assert llm.llm_engine.async_scheduling          # the default at TP > 1 too
         _assert_same(reference, _run(llm))
         # a second TP engine in this process keeps all its ranks in worker processes
         with LLM(str(tiny_qwen3_dir), tensor_parallel_size=2, **ENGINE_ARGS) as other:
@@ -92,3 +96,25 @@ def test_tp2_under_torchrun_matches_tp1(tiny_qwen3_dir, reference, tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
     assert len(lines) == 1, out                      # only rank 0 reports
     _assert_same(reference, [tuple(r) for r in json.loads(lines[0][len("RESULTS "):])])
+
+
+def _seeded_params() -> list[SamplingParams]:
+    """Random sampling with per-request seeds (one also with top-k / top-p), greedy for the last."""
+    return [SamplingParams(temperature=1.0, seed=1, max_tokens=MAX_TOKENS, ignore_eos=True),
+            SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=2, max_tokens=MAX_TOKENS, ignore_eos=True),
+            SamplingParams(temperature=1.2, seed=3, max_tokens=MAX_TOKENS, ignore_eos=True, logit_bias={5: 2.0}),
+            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)]
+
+
+def _token_ids(llm: LLM, params: list[SamplingParams]) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def test_tp2_seeded_sampling_async_and_sync_match_tp1(tiny_qwen3_dir):
+    with LLM(str(tiny_qwen3_dir), tensor_parallel_size=1, **ENGINE_ARGS) as llm:
+        expected = _token_ids(llm, _seeded_params())
+    assert len({tuple(ids) for ids in expected}) == len(PROMPTS)
+    for mode in (True, False):
+        with LLM(str(tiny_qwen3_dir), tensor_parallel_size=2, async_scheduling=mode, **ENGINE_ARGS) as llm:
+            assert llm.llm_engine.async_scheduling is mode
+            assert _token_ids(llm, _seeded_params()) == expected, f"async_scheduling={mode}"

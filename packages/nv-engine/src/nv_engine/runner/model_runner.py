@@ -178,8 +178,7 @@ class ModelRunner:
             for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
         del hidden
-        if self.is_driver:
-            self.sampler(logits, self.sampling_tensors.worst_case(num_rows))
+        self.sampler(logits, self.sampling_tensors.worst_case(num_rows))   # every rank samples (launch)
 
     def _dummy_decode(self, batch_size: int) -> None:
         """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
@@ -274,15 +273,19 @@ class ModelRunner:
                 logits = None if len(step.logits_indices) == 0 else self.model.compute_logits(hidden)  # [S, V]
             if step.prompt_logprobs is not None:
                 prompt_logprobs = self._prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs)
-        if not self.is_driver:
-            return
         if logits is None:                                                # only partial prefill chunks
             self.last_sampled = None
-            self.results.start(None, prompt_logprobs)
+            if self.is_driver:
+                self.results.start(None, prompt_logprobs)
             return
+        # Every rank samples: the logits are bitwise identical on all ranks (the LM head's all-gather
+        # and the all-reduces sum in the same order everywhere) and the draw is a hash of (seed,
+        # position), so every rank holds the same ids and takes the next step's input ids from its
+        # own copy without a host round trip. Only rank 0 copies them back to the host.
         out = self.sampler(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]))
         self.last_sampled = out.token_ids                                 # [S] on the device
-        self.results.start(out, prompt_logprobs)
+        if self.is_driver:
+            self.results.start(out, prompt_logprobs)
 
     # Prompt rows per LM-head pass: bounds the [rows, V] float32 logits of a long prompt chunk.
     PROMPT_LOGPROBS_ROWS = 512
