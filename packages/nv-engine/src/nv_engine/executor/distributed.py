@@ -25,8 +25,11 @@ def backend_for(device: str) -> str:
 
 
 def keep_nvls_off() -> None:
-    """NVLink multicast (NVLS) stays off unless the user set it: it misbehaves on shared hosts."""
+    """NVLink multicast (NVLS) stays off unless the user set it: it misbehaves on shared hosts.
+    Both for NCCL and for torch's symmetric memory (the custom all-reduce maps peers' buffers
+    point to point; without this its allocator would also set up multicast objects)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 
 def set_cuda_device(device: str, local_rank: int) -> None:

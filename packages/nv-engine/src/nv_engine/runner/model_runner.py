@@ -31,7 +31,13 @@ from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, StepInput,
 from nv_kernels import get_backend
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.loader import build_model
-from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
+from nv_layers.parallel_state import (
+    get_tp_group,
+    get_tp_rank,
+    get_tp_size,
+    init_custom_all_reduce,
+    release_custom_all_reduce,
+)
 from nv_layers.sampler import Sampler, compute_logprobs
 
 logger = logging.getLogger(__name__)
@@ -76,6 +82,9 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = cast(CausalLM, build_model(get_model_class(config.hf_config), config.hf_config, config.model,
                                                 dtype=config.dtype, device=self.device))
+        # the symmetric-memory all-reduce: collective over the TP group, before any graph capture
+        self.owns_custom_all_reduce = (not config.disable_custom_all_reduce
+                                       and init_custom_all_reduce(self.device, config.dtype))
         self.backend = get_backend(config.attention_backend, self.device)
         self.sampler = Sampler()
         self.sampling_tensors = SamplingTensorsSource(self.device)
@@ -325,6 +334,9 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release()
             self.graphs = None
+        if self.owns_custom_all_reduce:
+            release_custom_all_reduce()
+            self.owns_custom_all_reduce = False
         for layer in self.attention_layers:
             layer.k_cache = torch.empty(0)
             layer.v_cache = torch.empty(0)
