@@ -36,18 +36,23 @@ DEFAULT_MAX_BYTES = 8 << 20
 # With more than two ranks one-shot reads (N - 1) x size over the links: beyond this NCCL's ring wins.
 MULTI_RANK_MAX_BYTES = 512 << 10
 _ALIGNMENT = 16   # bytes: the kernel's widest vector load
+_DTYPES = (torch.bfloat16, torch.float32)   # what torch's one-shot kernel dispatches on
 
 
-def _one_shot_op() -> Callable[..., torch.Tensor] | None:
-    """torch.ops.symm_mem.one_shot_all_reduce_out, or None when this torch lacks it."""
+def _one_shot_ops() -> tuple[Callable[..., torch.Tensor] | None, Callable[..., torch.Tensor] | None]:
+    """torch.ops.symm_mem's (one_shot_all_reduce_out, one_shot_all_reduce_copy_out), each None
+    when this torch lacks it. The copy variant copies the input into the symmetric buffer inside
+    the kernel (one launch instead of two)."""
     try:
         import torch.distributed._symmetric_memory  # noqa: F401  (registers the symm_mem ops)
     except ImportError:
-        return None
+        return None, None
     namespace = getattr(torch.ops, "symm_mem", None)
-    if namespace is None or not hasattr(namespace, "one_shot_all_reduce_out"):
-        return None
-    return cast("Callable[..., torch.Tensor]", namespace.one_shot_all_reduce_out)
+
+    def op(name: str) -> Callable[..., torch.Tensor] | None:
+        return cast("Callable[..., torch.Tensor]", getattr(namespace, name)) if hasattr(namespace, name) else None
+
+    return op("one_shot_all_reduce_out"), op("one_shot_all_reduce_copy_out")
 
 
 class SymmMemAllReduce:
@@ -64,17 +69,18 @@ class SymmMemAllReduce:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         self.max_numel = max_bytes // itemsize
         self.itemsize = itemsize
-        op = _one_shot_op()
-        if op is None:
+        one_shot, one_shot_copy = _one_shot_ops()
+        if one_shot is None:
             raise RuntimeError("torch.ops.symm_mem.one_shot_all_reduce_out is missing")
-        self._one_shot = op
+        self._one_shot, self._one_shot_copy = one_shot, one_shot_copy
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
         if enable is not None:                     # needed on older torch, deprecated (a no-op) later
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 enable(self.group_name)
         self.buffer = symm_mem.empty(self.max_numel, dtype=dtype, device=device)   # [max_numel]
-        self.handle = symm_mem.rendezvous(self.buffer, self.group_name)           # collective
+        # collective: maps every peer's buffer here; the handle keeps the mapping alive
+        self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
 
     @classmethod
     def create(cls, group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype,
@@ -84,9 +90,11 @@ class SymmMemAllReduce:
         world_size = dist.get_world_size(group)
         if device.type != "cuda" or world_size == 1:
             return None                           # same on every rank: no collective needed
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         if max_bytes is None:
             max_bytes = DEFAULT_MAX_BYTES if world_size == 2 else MULTI_RANK_MAX_BYTES
-        reason = cls._local_problem(group, device)
+        reason = cls._local_problem(group, device, dtype)
         usable = torch.tensor([0 if reason else 1], dtype=torch.int32, device=device)
         dist.all_reduce(usable, op=dist.ReduceOp.MIN, group=group)
         if not int(usable.item()):
@@ -99,12 +107,14 @@ class SymmMemAllReduce:
         return reducer
 
     @staticmethod
-    def _local_problem(group: dist.ProcessGroup, device: torch.device) -> str | None:
+    def _local_problem(group: dist.ProcessGroup, device: torch.device, dtype: torch.dtype) -> str | None:
         """Why this rank cannot use symmetric memory (None: it can). Collective (all_gather)."""
         devices = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
         dist.all_gather_into_tensor(devices, torch.tensor([device.index or 0], device=device), group=group)
-        if _one_shot_op() is None:
+        if _one_shot_ops()[0] is None:
             return f"torch {torch.__version__} has no symm_mem one_shot_all_reduce_out"
+        if dtype not in _DTYPES:
+            return f"the one-shot kernel has no {dtype} (only {', '.join(map(str, _DTYPES))})"
         local_world = os.environ.get("LOCAL_WORLD_SIZE")      # set by torchrun
         if local_world is not None and local_world != str(devices.numel()):
             return "the ranks span several hosts"
@@ -127,6 +137,11 @@ class SymmMemAllReduce:
         """Sum x over the group in place (bitwise the same result on every rank); returns x."""
         flat = x.view(-1)                                   # [N]
         staged = self.buffer[:flat.numel()]                 # [N] this rank's symmetric slice
-        staged.copy_(flat)
-        self._one_shot(staged, "sum", self.group_name, flat)
+        if self._one_shot_copy is not None:
+            # the kernel copies flat into staged, meets the peers, then writes the sum into flat:
+            # each thread reads its elements of flat before the barrier and writes them after it
+            self._one_shot_copy(staged, flat, "sum", self.group_name, flat)
+        else:
+            staged.copy_(flat)
+            self._one_shot(staged, "sum", self.group_name, flat)
         return x
