@@ -14,6 +14,7 @@ import torch.distributed as dist
 from nv_layers.custom_all_reduce import SymmMemAllReduce
 
 _custom_all_reduce: SymmMemAllReduce | None = None
+_tp_group_aborted = False   # a peer died: device work waiting on it never finishes
 
 
 def _initialised() -> bool:
@@ -45,9 +46,10 @@ def init_custom_all_reduce(device: torch.device, dtype: torch.dtype, max_bytes: 
     """Set up the symmetric-memory all-reduce for `dtype` tensors on `device` (collective: every
     TP rank calls it, before CUDA graphs are captured). False, and NCCL for every size, at TP=1,
     on CPU, or when a rank cannot use it."""
-    global _custom_all_reduce
+    global _custom_all_reduce, _tp_group_aborted
     group = get_tp_group()
     _custom_all_reduce = None
+    _tp_group_aborted = False
     if group is None or get_tp_size() == 1:
         return False
     _custom_all_reduce = SymmMemAllReduce.create(group, device, dtype, max_bytes)
@@ -58,6 +60,18 @@ def release_custom_all_reduce() -> None:
     """Drop the symmetric-memory all-reduce (before the process group goes away)."""
     global _custom_all_reduce
     _custom_all_reduce = None
+
+
+def mark_tp_group_aborted() -> None:
+    """A peer of the TP group died (the group was aborted). NCCL's kernels return on an abort, but
+    the symmetric-memory kernel's barrier spins on the dead peer forever: host code that waits for
+    the device (the runner) polls `tp_group_aborted()` instead of blocking."""
+    global _tp_group_aborted
+    _tp_group_aborted = True
+
+
+def tp_group_aborted() -> bool:
+    return _tp_group_aborted
 
 
 def custom_all_reduce() -> SymmMemAllReduce | None:

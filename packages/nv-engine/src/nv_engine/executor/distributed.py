@@ -12,6 +12,8 @@ import torch.distributed as dist
 # torch.distributed re-exports these store classes from torch._C without declaring them public
 from torch.distributed import Store, TCPStore  # pyright: ignore[reportPrivateImportUsage]
 
+from nv_layers.parallel_state import mark_tp_group_aborted
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNNER = "nv_engine.runner.model_runner:ModelRunner"
@@ -86,9 +88,11 @@ def destroy_group() -> None:
 
 
 def abort_group() -> None:
-    """Best-effort abort of the default group so a rank blocked in an NCCL collective returns."""
+    """Best-effort abort of the default group so a rank blocked in an NCCL collective returns (and
+    a runner waiting on a symmetric-memory all-reduce stops waiting: see mark_tp_group_aborted)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
+    mark_tp_group_aborted()
     try:
         if dist.get_backend() != "nccl":
             return  # gloo raises on its own as soon as a peer's connection closes

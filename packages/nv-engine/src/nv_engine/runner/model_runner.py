@@ -12,6 +12,8 @@ import dataclasses
 import gc
 import logging
 import os
+import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Protocol, cast
 
@@ -37,6 +39,7 @@ from nv_layers.parallel_state import (
     get_tp_size,
     init_custom_all_reduce,
     release_custom_all_reduce,
+    tp_group_aborted,
 )
 from nv_layers.sampler import Sampler, compute_logprobs
 
@@ -102,6 +105,9 @@ class ModelRunner:
                                   max_num_seqs=self.max_batch, device=self.device)
         self.results = ResultCopier(self.max_batch, self.device)
         self.last_sampled: torch.Tensor | None = None   # [S] sampled ids of the last launched step
+        # With the symmetric-memory all-reduce, rank 0 polls an event per launched step instead of
+        # blocking on it: a dead peer's barrier never returns (see parallel_state.mark_tp_group_aborted).
+        self.launched_events: deque[torch.cuda.Event] = deque()
 
     def kv_block_bytes(self) -> int:
         itemsize = torch.empty(0, dtype=self.config.dtype).element_size()
@@ -286,6 +292,7 @@ class ModelRunner:
             self.last_sampled = None
             if self.is_driver:
                 self.results.start(None, prompt_logprobs)
+                self._record_launched()
             return
         # Every rank samples: the logits are bitwise identical on all ranks (the LM head's all-gather
         # and the all-reduces sum in the same order everywhere) and the draw is a hash of (seed,
@@ -295,6 +302,14 @@ class ModelRunner:
         self.last_sampled = out.token_ids                                 # [S] on the device
         if self.is_driver:
             self.results.start(out, prompt_logprobs)
+            self._record_launched()
+
+    def _record_launched(self) -> None:
+        """One event per launched step (rank 0, symmetric-memory all-reduce on), polled by collect()."""
+        if self.owns_custom_all_reduce:
+            event = torch.cuda.Event()
+            event.record()
+            self.launched_events.append(event)
 
     # Prompt rows per LM-head pass: bounds the [rows, V] float32 logits of a long prompt chunk.
     PROMPT_LOGPROBS_ROWS = 512
@@ -327,6 +342,12 @@ class ModelRunner:
         """Wait for the oldest uncollected step's sampled ids (rank 0); None on other ranks."""
         if not self.is_driver:
             return None
+        if self.launched_events:
+            event = self.launched_events.popleft()
+            while not event.query():
+                if tp_group_aborted():
+                    raise RuntimeError("a tensor-parallel peer died: the step cannot finish")
+                time.sleep(0)                      # lets the executor's watcher thread run
         return self.results.finish()
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -341,6 +362,7 @@ class ModelRunner:
             layer.k_cache = torch.empty(0)
             layer.v_cache = torch.empty(0)
         self.kv_caches = []
-        if self.device.type == "cuda":
+        self.launched_events.clear()
+        if self.device.type == "cuda" and not tp_group_aborted():   # aborted: the device may never finish
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
