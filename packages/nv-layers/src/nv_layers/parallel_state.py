@@ -15,6 +15,7 @@ from nv_layers.custom_all_reduce import SymmMemAllReduce
 
 _custom_all_reduce: SymmMemAllReduce | None = None
 _tp_group_aborted = False   # a peer died: device work waiting on it never finishes
+_kept_after_abort: list[SymmMemAllReduce] = []   # buffers a hung kernel may still use: never freed
 
 
 def _initialised() -> bool:
@@ -57,8 +58,11 @@ def init_custom_all_reduce(device: torch.device, dtype: torch.dtype, max_bytes: 
 
 
 def release_custom_all_reduce() -> None:
-    """Drop the symmetric-memory all-reduce (before the process group goes away)."""
+    """Drop the symmetric-memory all-reduce (before the process group goes away). After an abort
+    its buffer is kept: a kernel spinning on the dead peer may still read it."""
     global _custom_all_reduce
+    if _tp_group_aborted and _custom_all_reduce is not None:
+        _kept_after_abort.append(_custom_all_reduce)
     _custom_all_reduce = None
 
 
