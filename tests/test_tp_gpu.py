@@ -102,8 +102,15 @@ def test_tp2_fp32_greedy_equals_tp1(qwen3_06b_dirs, disable_custom_all_reduce):
     prompts = random_prompts([12, 100, 333, 37, 5, 700], seed=11, vocab=151936)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     tp1 = [o.outputs[0].token_ids for o in _generate(qwen3_06b_dirs["float32"], 1, prompts, params)]
-    tp2 = [o.outputs[0].token_ids for o in _generate(qwen3_06b_dirs["float32"], 2, prompts, params,
-                                                      disable_custom_all_reduce=disable_custom_all_reduce)]
+    llm = LLM(str(qwen3_06b_dirs["float32"]), tensor_parallel_size=2, gpu_memory_utilization=0.4, max_model_len=1024,
+              disable_custom_all_reduce=disable_custom_all_reduce)
+    try:
+        assert llm.llm_engine.async_scheduling
+        # rank 0's runner (in this process) says whether the symmetric-memory all-reduce is on
+        assert llm.llm_engine.executor.run_on_all_ranks("uses_custom_all_reduce") is (not disable_custom_all_reduce)
+        tp2 = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    finally:
+        llm.shutdown()
     assert tp2 == tp1
 
 

@@ -109,6 +109,10 @@ class ModelRunner:
         # blocking on it: a dead peer's barrier never returns (see parallel_state.mark_tp_group_aborted).
         self.launched_events: deque[torch.cuda.Event] = deque()
 
+    def uses_custom_all_reduce(self) -> bool:
+        """Whether this rank's all-reduces of small tensors go through symmetric memory."""
+        return self.owns_custom_all_reduce
+
     def kv_block_bytes(self) -> int:
         itemsize = torch.empty(0, dtype=self.config.dtype).element_size()
         return sum(2 * self.config.block_size * layer.num_kv_heads * layer.head_dim * itemsize
