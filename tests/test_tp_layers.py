@@ -93,6 +93,18 @@ def layer_checks() -> dict[str, float]:
     with forward_context(ctx):
         logits = head(x)
     out["lm_head"] = (logits - x[[1, 4]] @ table.T).abs().max().item() if logits.shape == (2, 11) else float("inf")
+
+    # tp_all_reduce on CPU: no symmetric-memory all-reduce (set-up says so on every rank), gloo's sum
+    from nv_layers.parallel_state import custom_all_reduce, init_custom_all_reduce, tp_all_reduce
+
+    y = rand(3, 8) * (rank + 1)                                   # a different tensor on each rank
+    expected = y.clone()
+    dist.all_reduce(expected)
+    if init_custom_all_reduce(torch.device("cpu"), torch.float32) or custom_all_reduce() is not None:
+        out["all_reduce_cpu"] = float("inf")
+    else:
+        got = tp_all_reduce(y)
+        out["all_reduce_cpu"] = (got - expected).abs().max().item() if got is y else float("inf")
     return out
 
 
@@ -154,7 +166,8 @@ def tp2_results(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_dir: Path, 
     return {rank: torch.load(out_dir / f"rank{rank}.pt") for rank in range(WORLD)}
 
 
-@pytest.mark.parametrize("layer", ["column", "row", "merged", "qkv", "qkv_replicated_kv", "embedding", "lm_head"])
+@pytest.mark.parametrize("layer", ["column", "row", "merged", "qkv", "qkv_replicated_kv", "embedding", "lm_head",
+                                   "all_reduce_cpu"])
 def test_parallel_layer_equals_unsharded(tp2_results: dict, layer: str) -> None:
     for rank in range(WORLD):
         assert tp2_results[rank]["layers"][layer] < TOL, (rank, layer)

@@ -60,6 +60,7 @@ class EngineConfig:
     generation_config: str = "auto"              # "auto" | "vllm" | a folder with generation_config.json
     max_logprobs: int = 20                       # most logprobs a request may ask for
     disable_log_stats: bool = False
+    disable_custom_all_reduce: bool = False      # TP: NCCL for every all-reduce
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:

@@ -73,8 +73,9 @@ class EngineArgs:
                                        "parallelism)", type=int, aliases=("-pp",))
     distributed_executor_backend: str | None = _arg(
         None, "'mp' (or unset): tensor-parallel workers are local processes; 'ray' is not supported")
-    disable_custom_all_reduce: bool = _arg(False, "accepted for compatibility; no effect (nv reduces with "
-                                           "NCCL)", type=bool)
+    disable_custom_all_reduce: bool = _arg(False, "tensor parallelism: reduce every tensor with NCCL, never "
+                                           "with the peer-to-peer symmetric-memory all-reduce that small "
+                                           "tensors use by default", type=bool)
     # ---- memory and KV cache -----------------------------------------------------------------
     gpu_memory_utilization: float = _arg(0.9, "fraction of GPU memory for weights, activations and the KV "
                                          "cache", type=float)
@@ -234,6 +235,7 @@ class EngineArgs:
             attention_backend=self.attention_backend, num_gpu_blocks_override=self.num_gpu_blocks_override,
             tokenizer=tokenizer, async_scheduling=self.async_scheduling,
             generation_config=generation_config, max_logprobs=self.max_logprobs,
-            disable_log_stats=bool(self.disable_log_stats))
+            disable_log_stats=bool(self.disable_log_stats),
+            disable_custom_all_reduce=bool(self.disable_custom_all_reduce))
         config.validate()
         return config

@@ -102,8 +102,7 @@ class LLMEngine:
         self.rng = random.Random(config.seed)
         self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
-        self.async_scheduling = (config.tensor_parallel_size == 1 if config.async_scheduling is None
-                                 else bool(config.async_scheduling))
+        self.async_scheduling = True if config.async_scheduling is None else bool(config.async_scheduling)
         self._inflight: _Launched | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected

@@ -12,6 +12,8 @@ import torch.distributed as dist
 # torch.distributed re-exports these store classes from torch._C without declaring them public
 from torch.distributed import Store, TCPStore  # pyright: ignore[reportPrivateImportUsage]
 
+from nv_layers.parallel_state import mark_tp_group_aborted
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNNER = "nv_engine.runner.model_runner:ModelRunner"
@@ -25,8 +27,11 @@ def backend_for(device: str) -> str:
 
 
 def keep_nvls_off() -> None:
-    """NVLink multicast (NVLS) stays off unless the user set it: it misbehaves on shared hosts."""
+    """NVLink multicast (NVLS) stays off unless the user set it: it misbehaves on shared hosts.
+    Both for NCCL and for torch's symmetric memory (the custom all-reduce maps peers' buffers
+    point to point; without this its allocator would also set up multicast objects)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 
 def set_cuda_device(device: str, local_rank: int) -> None:
@@ -83,9 +88,11 @@ def destroy_group() -> None:
 
 
 def abort_group() -> None:
-    """Best-effort abort of the default group so a rank blocked in an NCCL collective returns."""
+    """Best-effort abort of the default group so a rank blocked in an NCCL collective returns (and
+    a runner waiting on a symmetric-memory all-reduce stops waiting: see mark_tp_group_aborted)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
+    mark_tp_group_aborted()
     try:
         if dist.get_backend() != "nccl":
             return  # gloo raises on its own as soon as a peer's connection closes

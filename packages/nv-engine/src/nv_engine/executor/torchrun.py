@@ -6,6 +6,10 @@ across ranks. torch.distributed uses the env:// rendezvous torchrun provides (MA
 RANK, WORLD_SIZE), so the group can span machines. Each call ends with one all_gather_object
 that hands rank 0's result to every rank (the engines stay in lockstep) and a failure on any rank
 to all of them. Only rank 0 (`is_driver`) should print.
+
+That exchange goes over a gloo group on the CPU: over NCCL it would wait for the device to finish
+the step (the object travels as a device tensor), so `launch` of step N+1 could not return before
+step N ran out, and async scheduling would overlap nothing.
 """
 from __future__ import annotations
 
@@ -51,6 +55,11 @@ class TorchrunExecutor(InProcessExecutor):
         elif dist.get_world_size() != world_size or dist.get_rank() != rank:
             raise ValueError("torch.distributed is initialised with a different rank / world size "
                              "than RANK / WORLD_SIZE")
+        # the control exchange: gloo (CPU) whatever the model's backend; collective, like the runner
+        self.control_group: dist.ProcessGroup | None = None
+        if dist.get_backend() != "gloo":
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            self.control_group = group if isinstance(group, dist.ProcessGroup) else None   # every rank is a member
         self._hold(cls(config, rank), owns_group)
 
     def run_on_all_ranks(self, method: str, *args: object, **kwargs: object) -> object:
@@ -63,7 +72,7 @@ class TorchrunExecutor(InProcessExecutor):
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error, trace = exc, traceback.format_exc()
         outcomes: list[tuple[str | None, object] | None] = [None] * self.world_size
-        dist.all_gather_object(outcomes, (trace, result if self.rank == 0 else None))
+        dist.all_gather_object(outcomes, (trace, result if self.rank == 0 else None), group=self.control_group)
         if error is not None:
             raise error
         shared = [outcome for outcome in outcomes if outcome is not None]   # [world_size] (trace, result)

@@ -12,6 +12,8 @@ import dataclasses
 import gc
 import logging
 import os
+import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Protocol, cast
 
@@ -31,7 +33,14 @@ from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, StepInput,
 from nv_kernels import get_backend
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.loader import build_model
-from nv_layers.parallel_state import get_tp_group, get_tp_rank, get_tp_size
+from nv_layers.parallel_state import (
+    get_tp_group,
+    get_tp_rank,
+    get_tp_size,
+    init_custom_all_reduce,
+    release_custom_all_reduce,
+    tp_group_aborted,
+)
 from nv_layers.sampler import Sampler, compute_logprobs
 
 logger = logging.getLogger(__name__)
@@ -76,6 +85,9 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = cast(CausalLM, build_model(get_model_class(config.hf_config), config.hf_config, config.model,
                                                 dtype=config.dtype, device=self.device))
+        # the symmetric-memory all-reduce: collective over the TP group, before any graph capture
+        self.owns_custom_all_reduce = (not config.disable_custom_all_reduce
+                                       and init_custom_all_reduce(self.device, config.dtype))
         self.backend = get_backend(config.attention_backend, self.device)
         self.sampler = Sampler()
         self.sampling_tensors = SamplingTensorsSource(self.device)
@@ -93,6 +105,13 @@ class ModelRunner:
                                   max_num_seqs=self.max_batch, device=self.device)
         self.results = ResultCopier(self.max_batch, self.device)
         self.last_sampled: torch.Tensor | None = None   # [S] sampled ids of the last launched step
+        # With the symmetric-memory all-reduce, rank 0 polls an event per launched step instead of
+        # blocking on it: a dead peer's barrier never returns (see parallel_state.mark_tp_group_aborted).
+        self.launched_events: deque[torch.cuda.Event] = deque()
+
+    def uses_custom_all_reduce(self) -> bool:
+        """Whether this rank's all-reduces of small tensors go through symmetric memory."""
+        return self.owns_custom_all_reduce
 
     def kv_block_bytes(self) -> int:
         itemsize = torch.empty(0, dtype=self.config.dtype).element_size()
@@ -178,8 +197,7 @@ class ModelRunner:
             for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
         del hidden
-        if self.is_driver:
-            self.sampler(logits, self.sampling_tensors.worst_case(num_rows))
+        self.sampler(logits, self.sampling_tensors.worst_case(num_rows))   # every rank samples (launch)
 
     def _dummy_decode(self, batch_size: int) -> None:
         """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
@@ -274,15 +292,28 @@ class ModelRunner:
                 logits = None if len(step.logits_indices) == 0 else self.model.compute_logits(hidden)  # [S, V]
             if step.prompt_logprobs is not None:
                 prompt_logprobs = self._prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs)
-        if not self.is_driver:
-            return
         if logits is None:                                                # only partial prefill chunks
             self.last_sampled = None
-            self.results.start(None, prompt_logprobs)
+            if self.is_driver:
+                self.results.start(None, prompt_logprobs)
+                self._record_launched()
             return
+        # Every rank samples: the logits are bitwise identical on all ranks (the LM head's all-gather
+        # and the all-reduces sum in the same order everywhere) and the draw is a hash of (seed,
+        # position), so every rank holds the same ids and takes the next step's input ids from its
+        # own copy without a host round trip. Only rank 0 copies them back to the host.
         out = self.sampler(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]))
         self.last_sampled = out.token_ids                                 # [S] on the device
-        self.results.start(out, prompt_logprobs)
+        if self.is_driver:
+            self.results.start(out, prompt_logprobs)
+            self._record_launched()
+
+    def _record_launched(self) -> None:
+        """One event per launched step (rank 0, symmetric-memory all-reduce on), polled by collect()."""
+        if self.owns_custom_all_reduce:
+            event = torch.cuda.Event()
+            event.record()
+            self.launched_events.append(event)
 
     # Prompt rows per LM-head pass: bounds the [rows, V] float32 logits of a long prompt chunk.
     PROMPT_LOGPROBS_ROWS = 512
@@ -315,6 +346,12 @@ class ModelRunner:
         """Wait for the oldest uncollected step's sampled ids (rank 0); None on other ranks."""
         if not self.is_driver:
             return None
+        if self.launched_events:
+            event = self.launched_events.popleft()
+            while not event.query():
+                if tp_group_aborted():
+                    raise RuntimeError("a tensor-parallel peer died: the step cannot finish")
+                time.sleep(0)                      # lets the executor's watcher thread run
         return self.results.finish()
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -322,10 +359,14 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release()
             self.graphs = None
+        if self.owns_custom_all_reduce:
+            release_custom_all_reduce()
+            self.owns_custom_all_reduce = False
         for layer in self.attention_layers:
             layer.k_cache = torch.empty(0)
             layer.v_cache = torch.empty(0)
         self.kv_caches = []
-        if self.device.type == "cuda":
+        self.launched_events.clear()
+        if self.device.type == "cuda" and not tp_group_aborted():   # aborted: the device may never finish
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
