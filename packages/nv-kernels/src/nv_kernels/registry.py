@@ -14,7 +14,10 @@ BACKEND_NAMES = ("flash_attn", "triton", "torch")
 Phase = Literal["prefill", "decode"]
 # The default backend of each attention phase on CUDA, fastest first; the first available one serves the
 # phase (Triton always is on CUDA). scripts/attention_backend_sweep.py measures the candidates per phase
-# (Qwen3-0.6B attention shape); until a measurement says otherwise, Triton serves both.
+# (Qwen3-0.6B attention shape). On an H200 (BENCHMARKS.md) FlashAttention-4 won only long fresh prefills
+# (1x8192: 419 against 870 us) and lost short and cached-prefix chunks (64x128: 218 against 88 us) and every
+# decode (batch 1, 4k context: 49 against 10 us); the headline ran 5% slower with it and the engine started
+# 21 s later (import and kernel compiles). So Triton serves both phases; attention_backend="flash_attn" opts in.
 FASTEST_ON_CUDA: dict[Phase, tuple[str, ...]] = {
     "prefill": ("triton",),
     "decode": ("triton",),
