@@ -14,12 +14,13 @@ class EngineCoreOutputs:
     first_scheduled: request id -> when the request was first scheduled (its queue time ends), for
     the requests first scheduled in this step. scheduler_stats: the scheduler's `stats()` snapshot
     when it has one (cumulative counters; typed loosely until the metrics package defines it).
-    rejected: (request id, message) for adds the core refused (the frontend fails those requests).
+    failed: (request id, message) for requests the core dropped: an add it refused, or the requests
+    of a step that raised (the frontend fails them).
     tokens: (prompt tokens computed, tokens sampled) in the step."""
 
     updates: list[SequenceUpdate]
     timestamp: float
     first_scheduled: dict[str, float] = field(default_factory=dict)
     scheduler_stats: object | None = None
-    rejected: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
     tokens: tuple[int, int] = (0, 0)
