@@ -46,6 +46,9 @@ class StatLogger(Protocol):
     def record(self, core_outputs: EngineCoreOutputs, request_outputs: list[RequestOutput],
                arrival_times: dict[str, float], now: float) -> None: ...
 
+    def forget(self, request_ids: list[str]) -> None:
+        """Requests that ended without a finished output (aborted, failed)."""
+
 
 @dataclass(eq=False)
 class _Route:
@@ -176,13 +179,19 @@ class AsyncLLM:
         with self._lock:
             found = [self._routes.pop(rid, None) is not None for rid in request_ids]
             self.output_processor.abort_requests(request_ids)
+        self._forget_stats(request_ids)
         return any(found)
+
+    def _forget_stats(self, request_ids: list[str]) -> None:
+        for stat_logger in self.stat_loggers:
+            stat_logger.forget(request_ids)
 
     def fail_all_requests(self, error: BaseException) -> None:
         """End every open request with `error` (the server's drain timeout); the core aborts them."""
         with self._lock:
             routes, self._routes = self._routes, {}
             self.output_processor.abort_requests(list(routes))
+        self._forget_stats(list(routes))
         if routes and self.client.is_alive:
             try:
                 self.client.abort_requests(list(routes))
@@ -215,12 +224,15 @@ class AsyncLLM:
                 self.output_processor.abort_requests([request_id])
                 if route is not None:
                     deliveries.append((route, ValueError(message)))
+            failed = [request_id for request_id, _ in core_outputs.failed]
         if processed.to_finish:
             try:
                 self.client.finish_requests(processed.to_finish)
             except EngineDeadError:
                 pass
         self._deliver(deliveries)
+        if failed:
+            self._forget_stats(failed)
         self.record_stats(core_outputs, processed.request_outputs, arrivals)
 
     def record_stats(self, core_outputs: EngineCoreOutputs, request_outputs: list[RequestOutput],
@@ -244,6 +256,7 @@ class AsyncLLM:
         with self._lock:
             routes, self._routes = self._routes, {}
             self.output_processor.abort_requests(list(routes))
+        self._forget_stats(list(routes))
         self._deliver([(route, error) for route in routes.values()])
 
     @staticmethod
