@@ -17,6 +17,7 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -119,7 +120,7 @@ class AsyncLLM:
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """The request's outputs as it runs (cumulative), the last one with finished=True."""
         if request_id is None:
-            request_id = f"gen-{id(object()):x}-{time.monotonic_ns()}"
+            request_id = f"gen-{uuid.uuid4().hex}"
         stream = await self.add_requests([(request_id, prompt, sampling_params)])
         try:
             async for outputs in stream:

@@ -9,6 +9,7 @@ Sends are thread-safe (one lock around the PUSH socket).
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import itertools
 import logging
@@ -17,6 +18,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 
 import zmq
@@ -67,6 +69,9 @@ class EngineCoreClient:
             raise
         self._thread = threading.Thread(target=self._receive_loop, name="nv-core-outputs", daemon=True)
         self._thread.start()
+        # The core is not a daemon process (it may start tensor-parallel workers), and
+        # multiprocessing joins such children at exit: stop it first if nobody shut it down.
+        atexit.register(EngineCoreClient._shutdown_at_exit, weakref.ref(self))
 
     def _wait_ready(self) -> dict[str, int]:
         poller = zmq.Poller()
@@ -187,6 +192,12 @@ class EngineCoreClient:
         self._thread.join(2 * _POLL_MS / 1000 + 1)
         self._close_sockets()
 
+    @staticmethod
+    def _shutdown_at_exit(client_ref: weakref.ref[EngineCoreClient]) -> None:
+        client = client_ref()
+        if client is not None:
+            client.shutdown(timeout=10.0)
+
     def _stop_process(self, timeout: float) -> None:
         process = self.process
         if process.pid is None:
@@ -198,7 +209,10 @@ class EngineCoreClient:
             process.join(5.0)
 
     def _close_sockets(self) -> None:
+        if self._input.closed:
+            return
         self._input.close(linger=0)
         self._output.close(linger=0)
         self._context.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+
