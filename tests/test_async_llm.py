@@ -138,14 +138,14 @@ def test_a_core_that_fails_to_start_raises_its_message(tiny_qwen3_dir):
         AsyncLLM(str(tiny_qwen3_dir), **{**ENGINE_KWARGS, "num_gpu_blocks_override": 4})
 
 
-def test_shutdown_ends_the_core_and_later_calls_raise(tiny_qwen3_dir):
-    engine = AsyncLLM(str(tiny_qwen3_dir), **{**ENGINE_KWARGS, "max_num_seqs": 4})
-    process = engine.client.process
-    engine.shutdown()
-    assert not process.is_alive() and not engine.is_running
+def test_shutdown_ends_the_core_and_later_calls_raise(llm):
+    """The module's AsyncLLM (this test runs last)."""
+    process = llm.client.process
+    llm.shutdown()
+    assert not process.is_alive() and not llm.is_running
 
     async def run():
         with pytest.raises(EngineDeadError):
-            await engine.add_requests([("late", [1, 2], GREEDY)])
+            await llm.add_requests([("late", [1, 2], GREEDY)])
 
     asyncio.run(run())
