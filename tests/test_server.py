@@ -289,7 +289,7 @@ def test_nv_serve_command_line(tiny_qwen3_dir: Path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "NV_API_KEY": ""})
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120     # two interpreters start: the server and its engine core
         while True:
             assert proc.poll() is None, proc.stdout.read()
             try:

@@ -1,5 +1,6 @@
 """The nv inference engine: LLM.generate, LLMEngine, model runner, tensor-parallel workers, the nv CLI and server."""
 from nv_engine.__about__ import __version__
+from nv_engine.async_llm import AsyncLLM
 from nv_engine.config import EngineConfig
 from nv_engine.engine_args import EngineArgs
 from nv_engine.llm import LLM
@@ -7,5 +8,5 @@ from nv_engine.llm_engine import LLMEngine
 from nv_engine.outputs import CompletionOutput, Logprob, RequestOutput
 from nv_engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "EngineArgs", "EngineConfig", "LLMEngine", "Logprob", "RequestOutput",
+__all__ = ["LLM", "AsyncLLM", "CompletionOutput", "EngineArgs", "EngineConfig", "LLMEngine", "Logprob", "RequestOutput",
            "SamplingParams", "__version__"]

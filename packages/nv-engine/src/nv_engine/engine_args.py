@@ -95,8 +95,8 @@ class EngineArgs:
     enable_chunked_prefill: bool | None = _arg(
         None, "nv always splits long prompts over steps; off: the step budget grows to max_model_len so a "
         "prompt never has to be split", type=bool)
-    async_scheduling: bool | None = _arg(None, "schedule step N+1 while step N runs (default: on when "
-                                         "one rank runs the model)", type=bool)
+    async_scheduling: bool | None = _arg(None, "schedule step N+1 while step N runs (default: on; "
+                                         "off only for steps that need every output id on the host)", type=bool)
     # ---- execution ---------------------------------------------------------------------------
     enforce_eager: bool = _arg(False, "no CUDA graphs", type=bool)
     max_seq_len_to_capture: int = _arg(8192, "accepted for compatibility; no effect (nv's CUDA graphs "

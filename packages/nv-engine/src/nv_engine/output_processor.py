@@ -41,8 +41,7 @@ class OutputProcessor:
     def needs_every_token(self, params: SamplingParams) -> bool:
         """Whether a request with these parameters needs an update after every step (else only the
         final one, with every token)."""
-        return (self.stream_outputs or params.logprobs is not None
-                or (bool(params.stop) and self.tokenizer is not None))
+        return params.needs_every_token(stream=self.stream_outputs, detokenizes=self.tokenizer is not None)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams) -> None:

@@ -244,6 +244,12 @@ class SamplingParams:
         """The sampler reads the output so far (penalties, bad words): no step may run ahead."""
         return self.has_penalties or bool(self.bad_words)
 
+    def needs_every_token(self, *, stream: bool, detokenizes: bool) -> bool:
+        """Whether the engine core reports this request's tokens after every step (else once, when
+        it finishes): when streamed, when it asks for logprobs, or when stop strings are checked
+        (`detokenizes`: the frontend has a tokenizer). Both the core and the frontend use this rule."""
+        return stream or self.logprobs is not None or (bool(self.stop) and detokenizes)
+
     def clone(self) -> SamplingParams:
         """A deep copy; the engine keeps one per request so later edits by the caller are not seen."""
         return copy.deepcopy(self)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
+from nv_engine.async_llm import AsyncLLM
 from nv_engine.entrypoints.server.chat import create_chat_completion
 from nv_engine.entrypoints.server.completions import create_completion
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
@@ -20,6 +21,7 @@ from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.entrypoints.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from nv_engine.entrypoints.server.serving import ServerState
+from nv_engine.entrypoints.server.stat_logger import ServerStatLogger
 from nv_engine.entrypoints.server.utility_routes import UtilityRoutes
 
 
@@ -28,11 +30,18 @@ def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model
                 api_key: str | None = None, max_n: int = 128,
                 chat_template: str | None = None, limits: ServerLimits | None = None,
                 default_sampling: dict[str, float | int] | None = None) -> ServerState:
-    """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests).
+    """Serve an AsyncLLM (what `nv serve` runs: the engine core in its own process), or an
+    in-process LLMEngine-like object (add_request / step / abort_request / has_unfinished_requests)
+    stepped by a thread of this process (AsyncEngine).
     default_sampling: sampling values for requests that leave them unset (generation config)."""
     names = served_model_names or [model_path]
     metrics = ServerMetrics(names[0])
-    return ServerState(engine=AsyncEngine(engine, metrics), tokenizer=tokenizer,
+    if isinstance(engine, AsyncLLM):
+        engine.stat_loggers.append(ServerStatLogger(metrics))
+        served: AsyncLLM | AsyncEngine = engine
+    else:
+        served = AsyncEngine(engine, metrics)
+    return ServerState(engine=served, tokenizer=tokenizer,
                        sampling_params_cls=sampling_params_cls, served_model_names=names,
                        model_path=model_path, max_model_len=max_model_len, max_n=max_n,
                        metrics=metrics, api_key=api_key, chat_template=chat_template,

@@ -50,10 +50,18 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def create_engine(model: str, **kwargs: Any) -> Any:
-    """An LLMEngine for `model` with EngineArgs keywords."""
+    """An in-process LLMEngine for `model` with EngineArgs keywords (the server steps it in a
+    thread: what tests use to reach into the scheduler)."""
     from nv_engine.llm_engine import LLMEngine
 
     return LLMEngine(EngineArgs.from_kwargs(model, **kwargs).create_engine_config())
+
+
+def create_async_llm(model: str, **kwargs: Any) -> Any:
+    """An AsyncLLM for `model` (the engine core in its own process): what `nv serve` runs."""
+    from nv_engine.async_llm import AsyncLLM
+
+    return AsyncLLM(model, **kwargs)
 
 
 def server_limits(args: argparse.Namespace) -> ServerLimits:
@@ -106,7 +114,7 @@ def run_server(args: argparse.Namespace) -> int:
         raise SystemExit("--max-n must be at least 1")
     server_limits(args)   # a bad limit fails before the (slow) engine start
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = create_engine(args.model, **engine_kwargs(args))
+    engine = create_async_llm(args.model, **engine_kwargs(args))
     app = build_app_for_engine(engine, args)
     logger.info("serving %s on http://%s:%d", args.served_model_name or args.model, args.host, args.port)
     from nv_engine.entrypoints.server.draining_server import DrainingServer
@@ -114,13 +122,14 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
         try:
-            DrainingServer(config, app.state.nv).run()
+            DrainingServer(config, app.state.nv, exit_when_engine_dies=True).run()
         except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it drained on
             pass
     finally:
-        shutdown = getattr(engine, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        engine.shutdown()
+    if engine.errored:   # a supervisor restarts a server whose engine died
+        logger.error("the engine core died: nv serve exits with status 1")
+        return 1
     return 0
 
 

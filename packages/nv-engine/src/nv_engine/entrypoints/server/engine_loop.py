@@ -1,4 +1,9 @@
-"""The async face of LLMEngine: one thread owns the engine and steps every in-flight request together.
+"""AsyncEngine: a server engine in process, an LLMEngine stepped by one thread of the server.
+
+`nv serve` runs on AsyncLLM (the engine core in its own process, so the model never shares an
+interpreter with HTTP work); this in-process form serves an LLMEngine handed to `build_state`
+directly (tests inject faults into its `step`, and read its scheduler). Both give the handlers the
+same face: add_requests -> OutputStream, abort, fail_all_requests, is_alive, start, shutdown.
 
 HTTP handlers never touch the engine. They send commands (add / abort) through a thread-safe queue and
 read their outputs from a per-request asyncio queue that the engine thread fills with
@@ -13,12 +18,15 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.metrics import ServerMetrics
+from nv_engine.output_stream import OutputStream
+
+__all__ = ["AsyncEngine", "OutputStream", "RequestStream"]
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
@@ -34,43 +42,6 @@ class RequestStream:
     first_token_time: float | None = None
     last_token_time: float = 0.0
     tokens_by_index: dict[int, int] = field(default_factory=dict)
-
-
-class OutputStream:
-    """The outputs of the engine requests of one HTTP call, merged in arrival order.
-
-    Iterate it for lists of RequestOutput (everything queued since the last wait). Leaving the
-    iteration early (client gone, task cancelled, error) aborts the requests not finished yet.
-    """
-
-    def __init__(self, engine: AsyncEngine, request_ids: list[str], out_queue: asyncio.Queue) -> None:
-        self._engine = engine
-        self._queue = out_queue
-        self.unfinished = set(request_ids)
-
-    async def next_outputs(self) -> list[Any]:
-        items = [await self._queue.get()]
-        while not self._queue.empty():
-            items.append(self._queue.get_nowait())
-        for item in items:
-            if isinstance(item, BaseException):
-                self.unfinished.clear()     # the engine thread dropped them already
-                raise item
-            if item.finished:
-                self.unfinished.discard(item.request_id)
-        return items
-
-    def abort(self) -> None:
-        for request_id in self.unfinished:
-            self._engine.abort(request_id)
-        self.unfinished.clear()
-
-    async def __aiter__(self) -> AsyncIterator[list[Any]]:
-        try:
-            while self.unfinished:
-                yield await self.next_outputs()
-        finally:
-            self.abort()
 
 
 class AsyncEngine:

@@ -5,6 +5,8 @@ import json
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
+from nv_engine.engine_dead_error import EngineDeadError
+
 if TYPE_CHECKING:   # the web stack loads with the app; APIError itself needs none of it
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
@@ -69,6 +71,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(APIError(f"The engine is not running: {exc}", status=503))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from nv_engine.async_llm import AsyncLLM
+from nv_engine.engine_dead_error import EngineDeadError
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.limits import ServerLimits
@@ -33,7 +35,7 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop
 class ServerState:
     """What every handler shares, and the request checks that depend on it."""
 
-    engine: AsyncEngine
+    engine: AsyncLLM | AsyncEngine     # AsyncLLM under `nv serve`; AsyncEngine: an LLMEngine in process
     tokenizer: Any
     sampling_params_cls: type
     served_model_names: list[str]
@@ -165,6 +167,8 @@ def engine_error(exc: BaseException) -> APIError:
     """Map an exception from adding a request to the engine to an HTTP error."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, EngineDeadError):
+        return APIError(f"The engine is not running: {exc}", status=503)
     if isinstance(exc, (ValueError, TypeError)):
         return APIError(str(exc), param=guess_param(str(exc)))
     return APIError(f"Internal error: {exc!r}", status=500)

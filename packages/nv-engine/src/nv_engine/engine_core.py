@@ -1,0 +1,407 @@
+"""EngineCore: the engine minus tokenization and detokenization; one scheduler step per `step()`.
+
+It takes EngineCoreRequests (token ids, prepared SamplingParams) and returns, per step, a
+SequenceUpdate per sequence with news. The frontend (LLMEngine in process, AsyncLLM over a
+process boundary) owns the tokenizer and the OutputProcessor, which detokenizes, applies stop
+strings and builds RequestOutputs; a stop string that ends a running sequence comes back as
+`finish_requests`.
+
+A step: the Scheduler picks sequences and token counts; a StepBuilder turns them into numpy
+arrays; the executor runs the ModelRunner on every rank; the Scheduler appends the sampled ids
+and applies token stop rules. A request with n > 1 is n sequences; the siblings of the first are
+added once the first has computed the prompt, so they share its prompt blocks through the prefix
+cache.
+
+Async scheduling (every TP size): step N+1 is scheduled and launched before step N's ids
+come back. Step N is postprocessed with placeholder ids (lengths and max_tokens apply on time),
+the runner takes step N+1's input ids from step N's sampled ids on the device, and while the GPU
+runs step N+1 the core patches in step N's real ids, applies EOS / stop ids and builds the
+updates (a sequence a stop string ends computes an extra token or more, dropped). So the CPU work
+of a step hides behind the GPU work of the next. Requests with penalties (which need every output
+id on the host when sampling) turn it off while they run.
+
+After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
+scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
+dropped, so the next step starts clean.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nv_engine.config import EngineConfig
+from nv_engine.engine_core_output import SequenceUpdate
+from nv_engine.engine_core_outputs import EngineCoreOutputs
+from nv_engine.engine_core_request import EngineCoreRequest
+from nv_engine.engine_sequence import EngineSequence
+from nv_engine.outputs import Logprob, SampleLogprobs
+from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
+from nv_engine.sampling_params import SamplingParams
+from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
+from nv_engine.step_builder import StepBuilder
+from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
+
+if TYPE_CHECKING:
+    from nv_engine.executor import Executor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Launched:
+    """A step handed to the runner: its schedule, sampler inputs, and (synchronous runs) its result."""
+
+    out: SchedulerOutput
+    batch: SamplingBatch | None
+    result: StepResult | None
+    tokens: tuple[int, int]          # (prompt tokens computed, tokens sampled)
+    prompt_logprobs: PromptLogprobsBatch | None = None
+
+
+class EngineCore:
+    """`EngineCore(config, eos_token_ids)`: starts the executor, sizes and allocates the KV cache,
+    captures CUDA graphs. Async scheduling follows config.async_scheduling (None: on; at TP > 1
+    every rank samples the same ids and feeds its own next step).
+
+    record_timestamps: note when each request is first scheduled (EngineCoreOutputs.first_scheduled)
+    and take the scheduler's stats snapshot each step; off in the offline LLM, which has no use for
+    them."""
+
+    def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
+                 record_timestamps: bool = False) -> None:
+        from nv_engine.executor import create_executor
+
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = int(config.hf_config.vocab_size)
+        self.record_timestamps = record_timestamps
+        self.executor: Executor | None = create_executor(config)
+        try:
+            self.num_blocks = int(self.executor.determine_num_blocks())
+            self._check_kv_cache_holds_one_sequence()
+            self.executor.allocate_kv_cache(self.num_blocks)
+            self.executor.capture_cudagraphs()
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self.scheduler = Scheduler(
+            num_blocks=self.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
+            enable_prefix_caching=config.enable_prefix_caching)
+        self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
+        self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
+        self.rng = random.Random(config.seed)
+        self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
+        self._reports_every_token: dict[str, bool] = {}       # unfinished: id -> the request's rule
+        self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
+        self.async_scheduling = True if config.async_scheduling is None else bool(config.async_scheduling)
+        self._inflight: _Launched | None = None
+        self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
+        self._num_uncollected = 0                      # launched steps whose result is not collected
+        self._num_penalty_requests = 0
+        self._num_prompt_logprobs_requests = 0
+        self._first_scheduled: dict[str, float] = {}   # this step's, for EngineCoreOutputs
+        self._scheduled_once: set[str] = set()          # unfinished requests scheduled at least once
+
+    def _check_kv_cache_holds_one_sequence(self) -> None:
+        config = self.config
+        capacity = self.num_blocks * config.block_size
+        if capacity < config.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of {config.block_size}), "
+                f"fewer than one max_model_len={config.max_model_len} sequence: raise "
+                f"gpu_memory_utilization (or num_gpu_blocks_override), or lower max_model_len")
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request; ValueError (core unchanged) when it can never run."""
+        request_id = request.request_id
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = request.params
+        ids = request.prompt_token_ids
+        rules = params.stop_rules(self.eos_token_ids, max_model_len=self.config.max_model_len,
+                                  prompt_len=len(ids))
+        # The first of n > 1 reports its first token: its siblings are added then.
+        first = self._new_sequence(request_id, 0, ids, rules, params,
+                                   request.reports_every_token or params.n > 1)
+        self.scheduler.add(first)                          # may raise ValueError: nothing kept yet
+        seqs = [first]
+        self.requests[request_id] = seqs
+        self._reports_every_token[request_id] = request.reports_every_token
+        self._num_penalty_requests += params.needs_output_token_ids
+        self._num_prompt_logprobs_requests += params.prompt_logprobs is not None
+        if params.n > 1 and not self.config.enable_prefix_caching:
+            self._add_siblings(seqs)                       # nothing to share: batch them at once
+
+    def _new_sequence(self, request_id: str, index: int, prompt_token_ids: list[int], rules: StopRules,
+                      params: SamplingParams, reports_each_token: bool) -> EngineSequence:
+        return EngineSequence(prompt_token_ids, rules, request_id=request_id, index=index, params=params,
+                              seed=sequence_seed(params.seed, index, self.rng),
+                              reports_each_token=reports_each_token)
+
+    def _add_siblings(self, seqs: list[EngineSequence]) -> None:
+        """Add completions 1..n-1 of seqs[0]'s request (after it computed the prompt, they find its
+        blocks in the prefix cache)."""
+        first = seqs[0]
+        params = first.params
+        reports = self._reports_every_token[first.request_id]
+        while len(seqs) < params.n:
+            seq = self._new_sequence(first.request_id, len(seqs), first.prompt_token_ids, first.rules, params,
+                                     reports)
+            self.scheduler.add(seq)
+            seqs.append(seq)
+        first.reports_each_token = reports
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Abort requests (unknown or finished ids are ignored); their blocks are freed."""
+        for rid in request_ids:
+            seqs = self.requests.pop(rid, None)
+            if seqs is None:
+                continue
+            self._forget(rid, seqs[0].params)
+            for seq in seqs:
+                seq.reported_finished = True               # a step in flight drops its token
+                if self.scheduler.abort(seq.seq_id) is not None:
+                    self.step_builder.release(seq.seq_id)
+
+    def finish_requests(self, completions: Iterable[tuple[str, int]]) -> None:
+        """Finish (request_id, index) sequences the frontend ended by a stop string (finish reason
+        STOP); unknown or already finished ones are ignored."""
+        for request_id, index in completions:
+            seqs = self.requests.get(request_id)
+            if seqs is None or not 0 <= index < len(seqs) or seqs[index].reported_finished:
+                continue
+            seq = seqs[index]
+            if self.scheduler.finish(seq.seq_id, FinishReason.STOP) is not None:
+                self.step_builder.release(seq.seq_id)
+            self._reported_finished(seq)
+
+    def _forget(self, request_id: str, params: SamplingParams) -> None:
+        del self._reports_every_token[request_id]
+        self._scheduled_once.discard(request_id)
+        self._num_penalty_requests -= params.needs_output_token_ids
+        self._num_prompt_logprobs_requests -= params.prompt_logprobs is not None
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def get_num_free_blocks(self) -> int:
+        """KV blocks no sequence holds (prefix-cached ones among them): all of them once idle."""
+        return int(self.scheduler.block_manager.num_free_blocks)
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self) -> list[SequenceUpdate]:
+        """Run one step; the updates of the sequences with news. With async scheduling the next
+        step is already running on the device when this returns."""
+        try:
+            return self._step()
+        except BaseException:
+            self._abandon_open_steps()
+            raise
+
+    def step_outputs(self) -> EngineCoreOutputs:
+        """`step()` with what the frontend's statistics need (EngineCoreOutputs)."""
+        updates = self.step()
+        first_scheduled, self._first_scheduled = self._first_scheduled, {}
+        stats = getattr(self.scheduler, "stats", None)
+        return EngineCoreOutputs(updates, time.monotonic(), first_scheduled,
+                                 stats() if callable(stats) else None, tokens=self.last_step_tokens)
+
+    def _note_first_scheduled(self, out: SchedulerOutput) -> None:
+        now = time.monotonic()
+        for entry in out.scheduled:
+            request_id = entry.seq.request_id   # type: ignore[attr-defined]  # the core adds only these
+            if request_id not in self._scheduled_once:
+                self._scheduled_once.add(request_id)
+                self._first_scheduled[request_id] = now
+
+    def _step(self) -> list[SequenceUpdate]:
+        scheduler = self.scheduler
+        launched, self._inflight = self._inflight, None
+        if launched is None:
+            out = scheduler.schedule()
+            if out.is_empty:
+                if scheduler.has_unfinished():
+                    raise RuntimeError("the scheduler could not schedule any waiting sequence")
+                self.last_step_tokens = (0, 0)
+                return []
+            self._open_steps = [out]
+            launched = self._launch(out, None)
+        self.last_step_tokens = launched.tokens
+        out = launched.out
+        if launched.result is None and self._num_penalty_requests == 0:
+            for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
+                self.step_builder.release(seq.seq_id)
+            following = scheduler.schedule()
+            if not following.is_empty:
+                self._open_steps.append(following)
+                self._inflight = self._launch(following, launched)
+            result = self._collect()
+            for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
+                self.step_builder.release(seq.seq_id)
+        else:
+            result = launched.result if launched.result is not None else self._collect()
+            for seq in scheduler.postprocess(out, result.token_ids):
+                self.step_builder.release(seq.seq_id)
+        if launched.prompt_logprobs is not None:
+            self._record_prompt_logprobs(out, launched.prompt_logprobs, result)
+        updates = self._report(out.sampling, result, launched.batch)
+        self._open_steps = [self._inflight.out] if self._inflight is not None else []
+        return updates
+
+    def _launch(self, out: SchedulerOutput, previous: _Launched | None) -> _Launched:
+        """Build the step's inputs and hand it to the runner (launch only, when async)."""
+        sampling = out.sampling
+        batch = None
+        if sampling:
+            rows = []
+            for entry in sampling:
+                seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the engine adds only these
+                rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
+                                        seq.prompt_token_ids, seq.output_token_ids))
+            batch = self.sampling_builder.build(rows)
+        prev_index = None
+        if previous is not None and previous.out.sampling:
+            prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
+        prompt_widths = None
+        if self._num_prompt_logprobs_requests:
+            prompt_widths = {}
+            for entry in out.scheduled:
+                seq = entry.seq   # type: ignore[assignment]
+                if seq.prompt_logprobs is not None and seq.params.prompt_logprobs is not None:
+                    prompt_widths[seq.seq_id] = seq.params.prompt_logprobs
+        step_input = self.step_builder.build(out, batch, prev_index, prompt_widths)
+        num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
+            1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
+        launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
+                             step_input.prompt_logprobs)
+        if self.record_timestamps and not out.is_pure_decode:
+            self._note_first_scheduled(out)
+        executor = self.live_executor()
+        if self.async_scheduling:
+            executor.launch(step_input)
+            self._num_uncollected += 1
+        else:
+            launched.result = executor.execute(step_input)
+            if launched.result is None:
+                raise RuntimeError("the executor returned no result for a step")
+        return launched
+
+    def _collect(self) -> StepResult:
+        result = self.live_executor().collect()
+        self._num_uncollected -= 1
+        if result is None:
+            raise RuntimeError("the executor returned no result for a step")
+        return result
+
+    def _record_prompt_logprobs(self, out: SchedulerOutput, batch: PromptLogprobsBatch,
+                                result: StepResult) -> None:
+        """Append the step's prompt logprobs to their sequences (a recomputed chunk, after a
+        preemption, replaces what it had before)."""
+        found = result.prompt_logprobs
+        if found is None:
+            raise RuntimeError("the runner returned no prompt logprobs for a step that asked for them")
+        by_id = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
+        row = 0
+        for seq_id, count, first in zip(batch.seq_ids, batch.counts, batch.first_positions, strict=True):
+            seq: EngineSequence = by_id[seq_id]   # type: ignore[assignment]  # the engine adds only these
+            width = seq.params.prompt_logprobs
+            entries: list[SampleLogprobs] = []
+            for p in range(row, row + count):
+                entry = {seq.prompt_token_ids[first + p - row]: Logprob(found.logprobs[p], found.ranks[p])}
+                top = zip(found.topk_ids[p][:width], found.topk_logprobs[p][:width], strict=True)
+                for rank, (token_id, logprob) in enumerate(top, start=1):
+                    entry.setdefault(token_id, Logprob(logprob, rank))
+                entries.append(entry)
+            row += count
+            if seq.prompt_logprobs is not None:
+                del seq.prompt_logprobs[first - 1:]
+                seq.prompt_logprobs.extend(entries)
+
+    def _report(self, sampling: list[ScheduledSeq], result: StepResult,
+                batch: SamplingBatch | None) -> list[SequenceUpdate]:
+        """A SequenceUpdate for each of the step's sequences that has news."""
+        samples = None
+        if batch is not None and batch.flags.get("need_logprobs"):
+            samples = unpack_results(result, batch.logprob_counts)
+        updates: list[SequenceUpdate] = []
+        for i, entry in enumerate(sampling):
+            seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the core adds only these
+            finished = seq.is_finished
+            if not (finished or seq.reports_each_token) or seq.reported_finished:
+                continue                                   # nothing to report this step
+            output = seq.output_token_ids
+            new_token_ids = output[seq.num_reported:]
+            seq.num_reported = len(output)
+            logprobs, logprob_delta = None, 0.0
+            if samples is not None and seq.params.logprobs is not None:
+                sample = samples[i]
+                if sample.logprobs is not None and sample.logprob is not None:
+                    logprobs, logprob_delta = [sample.logprobs], sample.logprob
+            prompt_logprobs = None
+            if seq.prompt_logprobs is not None and seq.num_reported == len(new_token_ids):
+                prompt_logprobs = seq.prompt_logprobs          # its first update
+            updates.append(SequenceUpdate(
+                seq.request_id, seq.index, new_token_ids, logprobs, logprob_delta,
+                seq.finish_reason if finished else None, seq.stop_token_id, seq.num_cached_tokens,
+                prompt_logprobs))
+            if seq.index == 0 and seq.params.n > 1:
+                seqs = self.requests[seq.request_id]
+                if len(seqs) < seq.params.n:
+                    self._add_siblings(seqs)               # the prompt's blocks are now cached
+            if finished:
+                self._reported_finished(seq)
+        return updates
+
+    def _reported_finished(self, seq: EngineSequence) -> None:
+        """The frontend knows seq finished; the request is done once all its n are."""
+        seq.reported_finished = True
+        seqs = self.requests[seq.request_id]
+        if len(seqs) == seq.params.n and all(s.reported_finished for s in seqs):
+            del self.requests[seq.request_id]
+            self._forget(seq.request_id, seq.params)
+
+    def _abandon_open_steps(self) -> None:
+        """After a failed step: abort the requests of every step scheduled but not reported (their
+        tokens may never come back), forget the scheduled step, and collect and drop every launched
+        result, so the next step starts from a consistent scheduler and runner."""
+        request_ids = {entry.seq.request_id for out in self._open_steps    # type: ignore[attr-defined]
+                       for entry in out.scheduled}
+        self._open_steps = []
+        self._inflight = None
+        self.scheduler.discard_pending()
+        while self._num_uncollected > 0 and self.executor is not None:
+            self._num_uncollected -= 1
+            try:
+                self.executor.collect()
+            except Exception:          # a broken runner: its next step reports the failure
+                logger.exception("dropping the results of a failed step")
+                self._num_uncollected = 0
+        self.abort_requests(sorted(request_ids))
+
+    def live_executor(self) -> Executor:
+        """The executor; RuntimeError once the engine is shut down."""
+        if self.executor is None:
+            raise RuntimeError("the engine was shut down")
+        return self.executor
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        executor = getattr(self, "executor", None)
+        if executor is not None:
+            executor.shutdown()
+            self.executor = None
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass

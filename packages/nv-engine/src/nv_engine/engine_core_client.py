@@ -1,0 +1,218 @@
+"""EngineCoreClient: the frontend's side of an engine-core process (start, send, receive, watch).
+
+It binds two ipc:// sockets in a private temporary directory, spawns EngineCoreProcess (the
+"spawn" start method: CUDA cannot be forked) and waits for its READY message; a core that fails
+to start raises RuntimeError here with the core's message. A receiver thread then takes every
+message the core sends and hands the step outputs to `on_outputs`; it polls the process sentinel
+together with the socket, so a dead core is noticed at once (`on_dead` is called with the reason).
+Sends are thread-safe (one lock around the PUSH socket).
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import itertools
+import logging
+import multiprocessing
+import pickle
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+
+import zmq
+
+from nv_engine.config import EngineConfig
+from nv_engine.engine_core_message import CoreMessage
+from nv_engine.engine_core_outputs import EngineCoreOutputs
+from nv_engine.engine_core_process import EngineCoreProcess
+from nv_engine.engine_core_request import EngineCoreRequest
+from nv_engine.engine_dead_error import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 200      # how often the receiver thread looks at its stop flag
+
+
+class EngineCoreClient:
+    def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
+                 on_outputs: Callable[[EngineCoreOutputs], None], on_dead: Callable[[str], None]) -> None:
+        self._on_outputs = on_outputs
+        self._on_dead = on_dead
+        self._dir = tempfile.mkdtemp(prefix="nv-core-")
+        self._context = zmq.Context()
+        self._input = self._context.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.SNDHWM, 0)          # never block a send on a slow core
+        self._input.setsockopt(zmq.LINGER, 0)
+        self._input.bind(f"ipc://{self._dir}/input")
+        self._output = self._context.socket(zmq.PULL)
+        self._output.setsockopt(zmq.RCVHWM, 0)
+        self._output.setsockopt(zmq.LINGER, 0)
+        self._output.bind(f"ipc://{self._dir}/output")
+        self._send_lock = threading.Lock()
+        self._calls: dict[int, concurrent.futures.Future[int]] = {}
+        self._call_ids = itertools.count()
+        self._closing = False
+        self.dead_reason: str | None = None
+        spawn = multiprocessing.get_context("spawn")
+        self.process = spawn.Process(
+            target=EngineCoreProcess.main, name="nv-engine-core",
+            args=(config, sorted(eos_token_ids), f"ipc://{self._dir}/input", f"ipc://{self._dir}/output",
+                  logging.getLogger().getEffectiveLevel()))
+        try:
+            self.process.start()
+            self.ready = self._wait_ready()
+        except BaseException:
+            self._stop_process(timeout=5.0)
+            self._close_sockets()
+            raise
+        self._thread = threading.Thread(target=self._receive_loop, name="nv-core-outputs", daemon=True)
+        self._thread.start()
+        # The core is not a daemon process (it may start tensor-parallel workers), and
+        # multiprocessing joins such children at exit: stop it first if nobody shut it down.
+        atexit.register(EngineCoreClient._shutdown_at_exit, weakref.ref(self))
+
+    def _wait_ready(self) -> dict[str, int]:
+        poller = zmq.Poller()
+        poller.register(self._output, zmq.POLLIN)
+        poller.register(self.process.sentinel, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(None))
+            if self._output in events:
+                kind, payload = pickle.loads(self._output.recv())
+                if kind is CoreMessage.READY:
+                    return payload
+                if kind is CoreMessage.ERROR:
+                    raise RuntimeError(f"the engine core failed to start: {payload}")
+                raise RuntimeError(f"the engine core sent {kind!r} before READY")
+            if self.process.sentinel in events:
+                self.process.join(1.0)
+                raise RuntimeError(f"the engine core process exited during startup (exit code "
+                                   f"{self.process.exitcode}); its log is above")
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead_reason is None and not self._closing
+
+    # ---- frontend -> core --------------------------------------------------------------------
+    def add_requests(self, requests: list[EngineCoreRequest]) -> None:
+        self._send(CoreMessage.ADD, requests)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if self.is_alive:
+            self._send(CoreMessage.ABORT, request_ids)
+
+    def finish_requests(self, completions: list[tuple[str, int]]) -> None:
+        if self.is_alive:
+            self._send(CoreMessage.FINISH, completions)
+
+    def call_utility(self, method: str, *args: int) -> concurrent.futures.Future[int]:
+        """Call an EngineCore utility method (engine_core_process.UTILITY_METHODS) in the core."""
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        call_id = next(self._call_ids)
+        self._calls[call_id] = future
+        try:
+            self._send(CoreMessage.UTILITY, (call_id, method, args))
+        except BaseException:
+            self._calls.pop(call_id, None)
+            raise
+        return future
+
+    def _send(self, kind: CoreMessage, payload: object) -> None:
+        if not self.is_alive:
+            raise EngineDeadError(self.dead_reason or "the engine core is shut down")
+        data = pickle.dumps((kind, payload), protocol=5)
+        with self._send_lock:
+            self._input.send(data, copy=False)
+
+    # ---- core -> frontend (the receiver thread) ----------------------------------------------
+    def _receive_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._output, zmq.POLLIN)
+        poller.register(self.process.sentinel, zmq.POLLIN)
+        try:
+            while not self._closing:
+                events = dict(poller.poll(_POLL_MS))
+                if self._output in events:
+                    self._take_messages()
+                elif self.process.sentinel in events:
+                    self.process.join(1.0)
+                    if not self._closing:
+                        self._died(f"the engine core process exited unexpectedly (exit code "
+                                   f"{self.process.exitcode})")
+                    return
+        except Exception as exc:         # a bug here must not leave requests hanging
+            logger.exception("the engine-core receiver failed")
+            self._died(f"the engine-core receiver failed: {exc!r}")
+
+    def _take_messages(self) -> None:
+        while True:
+            try:
+                frame = self._output.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            kind, payload = pickle.loads(frame.buffer)
+            if kind is CoreMessage.OUTPUTS:
+                self._on_outputs(payload)
+            elif kind is CoreMessage.UTILITY_RESULT:
+                call_id, ok, value = payload
+                future = self._calls.pop(call_id, None)
+                if future is not None:
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(RuntimeError(value))
+            elif kind is CoreMessage.ERROR:
+                logger.error("the engine core failed: %s", payload)
+                self.dead_reason = f"the engine core failed: {payload}"
+
+    def _died(self, reason: str) -> None:
+        if self.dead_reason is None:       # an ERROR message may have given the reason already
+            self.dead_reason = reason
+        logger.error("%s", self.dead_reason)
+        calls, self._calls = self._calls, {}
+        for future in calls.values():
+            future.set_exception(EngineDeadError(self.dead_reason))
+        self._on_dead(self.dead_reason)
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Ask the core to stop (it shuts its executor down), then wait; kill it if it hangs."""
+        if self._closing:
+            return
+        if self.dead_reason is None:
+            try:
+                with self._send_lock:
+                    self._input.send(pickle.dumps((CoreMessage.SHUTDOWN, None), protocol=5))
+            except zmq.ZMQError:
+                pass
+        self._closing = True
+        self._stop_process(timeout)
+        self._thread.join(2 * _POLL_MS / 1000 + 1)
+        self._close_sockets()
+
+    @staticmethod
+    def _shutdown_at_exit(client_ref: weakref.ref[EngineCoreClient]) -> None:
+        client = client_ref()
+        if client is not None:
+            client.shutdown(timeout=10.0)
+
+    def _stop_process(self, timeout: float) -> None:
+        process = self.process
+        if process.pid is None:
+            return
+        process.join(timeout)
+        if process.is_alive():
+            logger.warning("the engine core did not stop in %.0f s: killing it", timeout)
+            process.kill()
+            process.join(5.0)
+
+    def _close_sockets(self) -> None:
+        if self._input.closed:
+            return
+        self._input.close(linger=0)
+        self._output.close(linger=0)
+        self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+

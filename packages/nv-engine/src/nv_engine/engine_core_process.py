@@ -1,0 +1,172 @@
+"""EngineCoreProcess: an EngineCore in its own process, looping over ZMQ (vLLM's EngineCoreProc is
+the model).
+
+The frontend binds two ipc:// sockets and spawns this process, which connects: inputs come in on a
+PULL socket, outputs go out on a PUSH socket (messages: engine_core_message.py). Before each step
+the loop takes every queued input (adds, aborts, finishes, utility calls), so a burst of requests
+joins one step; while no request is unfinished it blocks in zmq poll with no timeout (an idle core
+costs no CPU). It also wakes when the frontend process dies, and then exits.
+
+SIGINT is ignored (Ctrl-C reaches the whole process group; the frontend shuts the core down with a
+SHUTDOWN message); SIGTERM ends it.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+from collections.abc import Iterable
+
+import zmq
+
+from nv_engine.config import EngineConfig
+from nv_engine.engine_core import EngineCore
+from nv_engine.engine_core_message import CoreMessage
+from nv_engine.engine_core_outputs import EngineCoreOutputs
+from nv_engine.engine_core_request import EngineCoreRequest
+
+logger = logging.getLogger(__name__)
+
+# EngineCore methods a frontend may call (all take and return ints)
+UTILITY_METHODS = frozenset({"get_num_free_blocks", "get_num_unfinished_requests"})
+
+
+class EngineCoreProcess:
+    """The loop of one engine-core process (`EngineCoreProcess.main` is the spawn target)."""
+
+    def __init__(self, core: EngineCore, inputs: zmq.Socket, outputs: zmq.Socket,
+                 parent_sentinel: int | None) -> None:
+        self.core = core
+        self.inputs = inputs
+        self.outputs = outputs
+        self.poller = zmq.Poller()
+        self.poller.register(inputs, zmq.POLLIN)
+        if parent_sentinel is not None:
+            self.poller.register(parent_sentinel, zmq.POLLIN)
+        self.parent_sentinel = parent_sentinel
+        self.running = True
+        self._failed: list[tuple[str, str]] = []    # (request id, message), sent with the next outputs
+
+    @staticmethod
+    def main(config: EngineConfig, eos_token_ids: list[int], input_address: str, output_address: str,
+             log_level: int) -> None:
+        """Spawn target: start the core, send READY (or ERROR with the reason), then loop."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        context = zmq.Context()
+        inputs = context.socket(zmq.PULL)
+        inputs.connect(input_address)
+        outputs = context.socket(zmq.PUSH)
+        outputs.setsockopt(zmq.LINGER, 5000)     # the last outputs reach the frontend before exit
+        outputs.connect(output_address)
+        try:
+            logger.info("engine core starting (pid %d)", os.getpid())
+            try:
+                core = EngineCore(config, eos_token_ids, record_timestamps=True)
+            except BaseException as exc:
+                logger.exception("engine core failed to start")
+                outputs.send(pickle.dumps((CoreMessage.ERROR, f"{type(exc).__name__}: {exc}"), protocol=5))
+                return
+            parent = multiprocessing.parent_process()
+            proc = EngineCoreProcess(core, inputs, outputs, parent.sentinel if parent is not None else None)
+            outputs.send(pickle.dumps((CoreMessage.READY, {
+                "num_blocks": core.num_blocks, "max_model_len": config.max_model_len,
+                "block_size": config.block_size, "pid": os.getpid()}), protocol=5))
+            logger.info("engine core ready: %d KV blocks of %d tokens", core.num_blocks, config.block_size)
+            try:
+                proc.run()
+            except BaseException as exc:
+                logger.exception("engine core failed")
+                outputs.send(pickle.dumps((CoreMessage.ERROR, f"{type(exc).__name__}: {exc}"), protocol=5))
+            finally:
+                core.shutdown()
+        finally:
+            inputs.close(linger=0)
+            outputs.close()
+            context.term()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        core = self.core
+        while self.running:
+            idle = not core.has_unfinished_requests()
+            # idle: block until an input (or the frontend's death); busy: only take what is queued
+            events = dict(self.poller.poll(None if idle else 0))
+            if self.parent_sentinel is not None and self.parent_sentinel in events:
+                logger.warning("the frontend process is gone: the engine core exits")
+                return
+            if self.inputs in events:
+                self._take_inputs()
+            if not self.running:
+                return
+            if core.has_unfinished_requests():
+                self._send(CoreMessage.OUTPUTS, self._step())
+            elif self._failed:
+                self._send(CoreMessage.OUTPUTS, EngineCoreOutputs([], time.monotonic(), failed=self._take_failed()))
+
+    def _step(self) -> EngineCoreOutputs:
+        core = self.core
+        before = list(core.requests)       # a failed step aborts some of these
+        try:
+            outputs = core.step_outputs()
+        except Exception as exc:     # the core aborted the step's requests and stays usable
+            logger.exception("an engine step failed")
+            message = f"the engine step failed: {type(exc).__name__}: {exc}"
+            self._failed.extend((request_id, message) for request_id in before if request_id not in core.requests)
+            outputs = EngineCoreOutputs([], time.monotonic())
+        if self._failed:
+            outputs.failed = self._take_failed()
+        return outputs
+
+    def _take_failed(self) -> list[tuple[str, str]]:
+        failed, self._failed = self._failed, []
+        return failed
+
+    def _take_inputs(self) -> None:
+        """Every queued input, oldest first."""
+        while True:
+            try:
+                frame = self.inputs.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            kind, payload = pickle.loads(frame.buffer)
+            self._handle(kind, payload)
+            if not self.running:
+                return
+
+    def _handle(self, kind: CoreMessage, payload: object) -> None:
+        core = self.core
+        if kind is CoreMessage.ADD:
+            self._add(payload)       # type: ignore[arg-type]  # list[EngineCoreRequest] by the protocol
+        elif kind is CoreMessage.ABORT:
+            core.abort_requests(payload)       # type: ignore[arg-type]  # list[str]
+        elif kind is CoreMessage.FINISH:
+            core.finish_requests(payload)      # type: ignore[arg-type]  # list[tuple[str, int]]
+        elif kind is CoreMessage.UTILITY:
+            call_id, method, args = payload    # type: ignore[misc]
+            if method not in UTILITY_METHODS:
+                self._send(CoreMessage.UTILITY_RESULT, (call_id, False, f"no utility method {method!r}"))
+                return
+            try:
+                result = getattr(core, method)(*args)
+            except Exception as exc:
+                self._send(CoreMessage.UTILITY_RESULT, (call_id, False, f"{type(exc).__name__}: {exc}"))
+                return
+            self._send(CoreMessage.UTILITY_RESULT, (call_id, True, result))
+        elif kind is CoreMessage.SHUTDOWN:
+            self.running = False
+        else:
+            logger.error("unknown engine-core message %r", kind)
+
+    def _add(self, requests: Iterable[EngineCoreRequest]) -> None:
+        for request in requests:
+            try:
+                self.core.add_request(request)
+            except (ValueError, TypeError) as exc:   # the frontend checked; the scheduler may still refuse
+                self._failed.append((request.request_id, str(exc)))
+
+    def _send(self, kind: CoreMessage, payload: object) -> None:
+        self.outputs.send(pickle.dumps((kind, payload), protocol=5), copy=False)

@@ -1,0 +1,151 @@
+"""AsyncLLM: the engine core in its own process, requests from asyncio (one AsyncLLM for the module,
+a tiny random Qwen3 on CPU). Greedy tokens equal the offline LLM's; closing a generator early
+aborts the request in the core and frees its blocks; 256 streams at once all finish."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from nv_engine import LLM, AsyncLLM, SamplingParams
+from nv_engine.engine_dead_error import EngineDeadError
+
+pytestmark = pytest.mark.timeout(300)
+
+ENGINE_KWARGS = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=256,
+                     num_gpu_blocks_override=1024, block_size=16)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir: Path):
+    engine = AsyncLLM(str(tiny_qwen3_dir), **ENGINE_KWARGS)
+    yield engine
+    engine.shutdown()
+
+
+def _prompts(count: int) -> list[list[int]]:
+    return [[(7 * i + j) % 300 + 1 for j in range(5 + i % 7)] for i in range(count)]
+
+
+async def _last(llm: AsyncLLM, prompt: list[int], params: SamplingParams, request_id: str):
+    last = None
+    async for output in llm.generate(prompt, params, request_id):
+        assert last is None or len(output.outputs[0].token_ids) >= len(last.outputs[0].token_ids)
+        last = output
+    assert last is not None and last.finished
+    return last
+
+
+async def _wait_idle(llm: AsyncLLM, timeout: float = 20.0) -> None:
+    """Until the core holds no request and every KV block is free (aborts are asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        unfinished = await llm.call_utility("get_num_unfinished_requests")
+        free = await llm.call_utility("get_num_free_blocks")
+        if unfinished == 0 and free == llm.num_blocks:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"core not idle: {unfinished} unfinished, {free} of {llm.num_blocks} blocks free")
+
+
+def test_concurrent_generators_match_the_offline_llm(llm, tiny_qwen3_dir):
+    prompts = _prompts(8)
+
+    async def run():
+        outs = await asyncio.gather(*[_last(llm, p, GREEDY, f"greedy-{i}") for i, p in enumerate(prompts)])
+        await _wait_idle(llm)
+        return outs
+
+    outs = asyncio.run(run())
+    offline = LLM(str(tiny_qwen3_dir), **ENGINE_KWARGS)
+    try:
+        expected = offline.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        offline.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == [e.outputs[0].token_ids for e in expected]
+    assert [o.outputs[0].text for o in outs] == [e.outputs[0].text for e in expected]
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+
+
+def test_stop_string_ends_the_request_in_the_core(llm):
+    async def run():
+        free_text = (await _last(llm, [5, 6, 7], GREEDY, "free")).outputs[0].text
+        assert len(free_text) > 2
+        stop = free_text[1:3]
+        params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True, stop=[stop])
+        out = await _last(llm, [5, 6, 7], params, "stopped")
+        await _wait_idle(llm)     # the core finished it too (no 200-token run left behind)
+        return free_text, stop, out
+
+    free_text, stop, out = asyncio.run(run())
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
+    assert free_text.startswith(out.outputs[0].text) and stop not in out.outputs[0].text
+
+
+def test_closing_a_generator_early_aborts_the_request_in_the_core(llm):
+    long_run = SamplingParams(temperature=0.0, max_tokens=240, ignore_eos=True)
+
+    async def run():
+        generator = llm.generate(list(range(1, 10)), long_run, "left-early")
+        async for output in generator:
+            assert not output.finished
+            break
+        await generator.aclose()
+        await _wait_idle(llm)
+        # an explicit abort of a running request, and a request cancelled while it waits
+        task = asyncio.ensure_future(_last(llm, [3, 4, 5], long_run, "cancelled"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _wait_idle(llm)
+        # the engine still serves
+        return await _last(llm, [1, 2, 3], GREEDY, "after")
+
+    assert len(asyncio.run(run()).outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_256_concurrent_streams_finish_and_free_every_block(llm):
+    params = SamplingParams(temperature=0.8, seed=1, max_tokens=8, ignore_eos=True)
+
+    async def run():
+        outs = await asyncio.gather(*[_last(llm, p, params, f"wide-{i}") for i, p in enumerate(_prompts(256))])
+        await _wait_idle(llm)
+        return outs
+
+    outs = asyncio.run(run())
+    assert len(outs) == 256 and all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    assert llm.max_step_batch_size > 1
+
+
+def test_bad_requests_raise_and_leave_the_engine_usable(llm):
+    async def run():
+        with pytest.raises(ValueError, match="max_model_len"):
+            await llm.add_requests([("too-long", list(range(1, 300)), GREEDY)])
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            await llm.add_requests([("bad-id", [10**6], GREEDY)])
+        await _last(llm, [1, 2], GREEDY, "dup")
+        return await _last(llm, [1, 2], GREEDY, "dup")   # a finished id may be reused
+
+    assert asyncio.run(run()).finished
+
+
+def test_a_core_that_fails_to_start_raises_its_message(tiny_qwen3_dir):
+    with pytest.raises(RuntimeError, match="fewer than one max_model_len"):
+        AsyncLLM(str(tiny_qwen3_dir), **{**ENGINE_KWARGS, "num_gpu_blocks_override": 4})
+
+
+def test_shutdown_ends_the_core_and_later_calls_raise(llm):
+    """The module's AsyncLLM (this test runs last)."""
+    process = llm.client.process
+    llm.shutdown()
+    assert not process.is_alive() and not llm.is_running
+
+    async def run():
+        with pytest.raises(EngineDeadError):
+            await llm.add_requests([("late", [1, 2], GREEDY)])
+
+    asyncio.run(run())
