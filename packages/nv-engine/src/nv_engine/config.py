@@ -8,6 +8,8 @@ from typing import Any, TypedDict, cast
 
 import torch
 
+from nv_engine.kv_events import KVEventsConfig
+
 logger = logging.getLogger(__name__)
 
 # The paged-KV block size used when the user gives none. One constant so a measurement can move it.
@@ -60,6 +62,7 @@ class EngineConfig:
     generation_config: str = "auto"              # "auto" | "vllm" | a folder with generation_config.json
     max_logprobs: int = 20                       # most logprobs a request may ask for
     disable_log_stats: bool = False
+    kv_events_config: KVEventsConfig | None = None   # KV-cache events for routers; None: off
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:

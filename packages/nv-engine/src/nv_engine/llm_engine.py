@@ -39,10 +39,11 @@ from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
-from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
+from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, SchedulerStats, StopRules
 
 if TYPE_CHECKING:
     from nv_engine.executor import Executor
+    from nv_engine.kv_events.publisher import KVEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +93,18 @@ class LLMEngine:
         except BaseException:
             self.executor.shutdown()
             raise
+        # ---- KV-cache events (kv_events_config): recorded by the block manager, published after each step
+        self.kv_event_publisher: KVEventPublisher | None = None
+        if config.kv_events_config is not None and config.kv_events_config.publishes:
+            from nv_engine.kv_events.publisher import KVEventPublisher
+
+            self.kv_event_publisher = KVEventPublisher(config.kv_events_config)
+        # ----
         self.scheduler = Scheduler(
             num_blocks=self.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-            enable_prefix_caching=config.enable_prefix_caching)
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_kv_cache_events=self.kv_event_publisher is not None)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=stream_outputs)
@@ -199,10 +208,17 @@ class LLMEngine:
         """Run one step; the outputs of the requests that got tokens (stream_outputs) or finished.
         With async scheduling the next step is already running on the device when this returns."""
         try:
-            return self._step()
+            outputs = self._step()
         except BaseException:
             self._abandon_open_steps()
             raise
+        if self.kv_event_publisher is not None:        # the step's KV-cache events
+            self.kv_event_publisher.publish(self.scheduler.take_kv_events())
+        return outputs
+
+    def get_stats(self) -> SchedulerStats:
+        """The scheduler's queue lengths, KV usage and cumulative prefix-cache / preemption counters."""
+        return self.scheduler.stats()
 
     def _step(self) -> list[RequestOutput]:
         scheduler = self.scheduler
@@ -382,6 +398,9 @@ class LLMEngine:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def shutdown(self) -> None:
+        publisher = getattr(self, "kv_event_publisher", None)
+        if publisher is not None:
+            publisher.shutdown()
         executor = getattr(self, "executor", None)
         if executor is not None:
             executor.shutdown()

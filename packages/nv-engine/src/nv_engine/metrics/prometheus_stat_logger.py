@@ -108,14 +108,15 @@ class PrometheusStatLogger:
                               enable_prefix_caching: bool) -> None:
         """nv:cache_config_info, a gauge set to 1 whose labels describe the KV cache (vLLM's info metric;
         cache_dtype is vLLM's label for the dtype, kv_cache_dtype nv's engine argument)."""
-        if self._cache_config_info is None:
-            self._cache_config_info = Gauge(
+        info = self._cache_config_info
+        if info is None:
+            info = self._cache_config_info = Gauge(
                 "nv:cache_config_info", "Information of the LLMEngine CacheConfig",
                 ["model_name", "engine", "block_size", "num_gpu_blocks", "cache_dtype", "kv_cache_dtype",
                  "enable_prefix_caching"], registry=self.registry)
-        self._cache_config_info.clear()
-        self._cache_config_info.labels(*self._label_values, str(block_size), str(num_gpu_blocks), kv_cache_dtype,
-                                       kv_cache_dtype, str(bool(enable_prefix_caching))).set(1)
+        info.clear()
+        info.labels(*self._label_values, str(block_size), str(num_gpu_blocks), kv_cache_dtype, kv_cache_dtype,
+                    str(bool(enable_prefix_caching))).set(1)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:
