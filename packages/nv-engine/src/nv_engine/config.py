@@ -8,6 +8,8 @@ from typing import Any, TypedDict, cast
 
 import torch
 
+from nv_engine.kv_events import KVEventsConfig
+
 logger = logging.getLogger(__name__)
 
 # The paged-KV block size used when the user gives none. One constant so a measurement can move it.
@@ -61,6 +63,7 @@ class EngineConfig:
     max_logprobs: int = 20                       # most logprobs a request may ask for
     disable_log_stats: bool = False
     disable_custom_all_reduce: bool = False      # TP: NCCL for every all-reduce
+    kv_events_config: KVEventsConfig | None = None   # KV-cache events for routers; None: off
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:

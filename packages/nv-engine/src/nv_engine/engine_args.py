@@ -26,6 +26,7 @@ from nv_engine.config import (
     resolve_dtype,
     resolve_max_model_len,
 )
+from nv_engine.kv_events import KVEventsConfig
 from nv_engine.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,9 @@ class EngineArgs:
     attention_backend: str | None = _arg(None, "torch, triton or flash_attn (default: the fastest available)")
     disable_log_stats: bool = _arg(False, "accepted for compatibility; no effect yet (nv logs no "
                                    "periodic engine statistics)", type=bool)
+    kv_events_config: KVEventsConfig | dict[str, Any] | str | None = _arg(
+        None, 'KV-cache events for KV-aware routers, JSON: {"enable_kv_cache_events": true, "publisher": '
+        '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"} (default: off)', type=json.loads)
     # ---- features nv does not have -----------------------------------------------------------
     speculative_config: dict[str, Any] | None = _arg(None, "only unset: nv has no speculative decoding",
                                                      type=json.loads)
@@ -200,6 +204,7 @@ class EngineArgs:
         limits, and validate every setting (ValueError naming the field)."""
         from nv_engine.checkpoints.model_path import load_hf_config, resolve_model_path
 
+        kv_events_config = KVEventsConfig.from_value(self.kv_events_config)   # refused before the model is read
         path = resolve_model_path(self.model, revision=self.revision, cache_dir=self.download_dir,
                                   token=self.hf_token)
         tokenizer = self.tokenizer
@@ -236,6 +241,6 @@ class EngineArgs:
             tokenizer=tokenizer, async_scheduling=self.async_scheduling,
             generation_config=generation_config, max_logprobs=self.max_logprobs,
             disable_log_stats=bool(self.disable_log_stats),
-            disable_custom_all_reduce=bool(self.disable_custom_all_reduce))
+            disable_custom_all_reduce=bool(self.disable_custom_all_reduce), kv_events_config=kv_events_config)
         config.validate()
         return config

@@ -47,6 +47,7 @@ from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, S
 
 if TYPE_CHECKING:
     from nv_engine.executor import Executor
+    from nv_engine.kv_events.publisher import KVEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +89,17 @@ class EngineCore:
         except BaseException:
             self.executor.shutdown()
             raise
+        # KV-cache events (kv_events_config): recorded by the block manager, published after each step
+        self.kv_event_publisher: KVEventPublisher | None = None
+        if config.kv_events_config is not None and config.kv_events_config.publishes:
+            from nv_engine.kv_events.publisher import KVEventPublisher
+
+            self.kv_event_publisher = KVEventPublisher(config.kv_events_config)
         self.scheduler = Scheduler(
             num_blocks=self.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-            enable_prefix_caching=config.enable_prefix_caching)
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_kv_cache_events=self.kv_event_publisher is not None)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         self.rng = random.Random(config.seed)
@@ -202,18 +210,20 @@ class EngineCore:
         """Run one step; the updates of the sequences with news. With async scheduling the next
         step is already running on the device when this returns."""
         try:
-            return self._step()
+            updates = self._step()
         except BaseException:
             self._abandon_open_steps()
             raise
+        if self.kv_event_publisher is not None:        # the step's KV-cache events
+            self.kv_event_publisher.publish(self.scheduler.take_kv_events())
+        return updates
 
     def step_outputs(self) -> EngineCoreOutputs:
         """`step()` with what the frontend's statistics need (EngineCoreOutputs)."""
         updates = self.step()
         first_scheduled, self._first_scheduled = self._first_scheduled, {}
-        stats = getattr(self.scheduler, "stats", None)
-        return EngineCoreOutputs(updates, time.monotonic(), first_scheduled,
-                                 stats() if callable(stats) else None, tokens=self.last_step_tokens)
+        return EngineCoreOutputs(updates, time.monotonic(), first_scheduled, self.scheduler.stats(),
+                                 tokens=self.last_step_tokens)
 
     def _note_first_scheduled(self, out: SchedulerOutput) -> None:
         now = time.monotonic()
@@ -399,6 +409,10 @@ class EngineCore:
         if executor is not None:
             executor.shutdown()
             self.executor = None
+        publisher = getattr(self, "kv_event_publisher", None)
+        if publisher is not None:
+            publisher.shutdown()
+            self.kv_event_publisher = None
 
     def __del__(self) -> None:
         try:

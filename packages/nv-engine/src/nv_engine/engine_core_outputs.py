@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nv_engine.engine_core_output import SequenceUpdate
+from nv_kvcache import SchedulerStats
 
 
 @dataclass
@@ -13,7 +14,7 @@ class EngineCoreOutputs:
     Times are time.monotonic() in the core (the same clock as the frontend's on one host).
     first_scheduled: request id -> when the request was first scheduled (its queue time ends), for
     the requests first scheduled in this step. scheduler_stats: the scheduler's `stats()` snapshot
-    when it has one (cumulative counters; typed loosely until the metrics package defines it).
+    (queue lengths, KV usage, cumulative prefix-cache and preemption counters).
     failed: (request id, message) for requests the core dropped: an add it refused, or the requests
     of a step that raised (the frontend fails them).
     tokens: (prompt tokens computed, tokens sampled) in the step."""
@@ -21,6 +22,6 @@ class EngineCoreOutputs:
     updates: list[SequenceUpdate]
     timestamp: float
     first_scheduled: dict[str, float] = field(default_factory=dict)
-    scheduler_stats: object | None = None
+    scheduler_stats: SchedulerStats | None = None
     failed: list[tuple[str, str]] = field(default_factory=list)
     tokens: tuple[int, int] = (0, 0)

@@ -33,7 +33,7 @@ from nv_engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from nv_engine.executor import Executor
     from nv_engine.step_builder import StepBuilder
-    from nv_kvcache import Scheduler
+    from nv_kvcache import Scheduler, SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,10 @@ class LLMEngine:
     @property
     def last_step_tokens(self) -> tuple[int, int]:
         return self.core.last_step_tokens
+
+    def get_stats(self) -> SchedulerStats:
+        """The scheduler's queue lengths, KV usage and cumulative prefix-cache / preemption counters."""
+        return self.core.scheduler.stats()
 
     @property
     def stream_outputs(self) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Sequence as SequenceABC
 
 import xxhash
 
+from nv_kvcache.kv_cache_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from nv_kvcache.sequence import Sequence
 
 
@@ -37,7 +38,8 @@ class BlockManager:
     a registered hash maps to exactly one block, which carries that hash.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 enable_kv_cache_events: bool = False) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -54,6 +56,8 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_query_tokens = 0     # tokens of admitted sequences (prefix-cache lookups)
         self.num_hit_tokens = 0       # of those, tokens served from the cache
+        # prefix-cache events since the last take_events(); None: not recorded (costs one None check)
+        self._events: list[KVCacheEvent] | None = [] if enable_kv_cache_events else None
 
     # ---- stats -------------------------------------------------------------------------------
     @property
@@ -88,6 +92,14 @@ class BlockManager:
     def free_block_ids(self) -> list[int]:
         """Free block ids in the order they will be handed out."""
         return list(self._free)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The prefix-cache events recorded since the last call, oldest first ([] when not recording)."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
 
     def cdiv_blocks(self, num_tokens: int) -> int:
         """Blocks needed to hold `num_tokens` tokens."""
@@ -171,6 +183,8 @@ class BlockManager:
         if block_hash is not None:          # evict its cached content
             if self._hash_to_block.get(block_hash) == block_id:
                 del self._hash_to_block[block_hash]
+                if self._events is not None:
+                    self._events.append(BlockRemoved([block_hash]))
             self._hashes[block_id] = None
             self._tokens[block_id] = None
         return block_id
@@ -188,6 +202,8 @@ class BlockManager:
         hashes = seq._block_hashes
         tokens = seq.token_ids
         hash_to_block = self._hash_to_block
+        recording = self._events is not None
+        stored: list[int] = []        # block indices registered here (recorded as events)
         for i in range(seq._num_hashed_blocks, num_full):
             chunk = tokens[i * bs:(i + 1) * bs]
             if i < len(hashes):
@@ -200,8 +216,29 @@ class BlockManager:
                 hash_to_block[block_hash] = block_id
                 self._hashes[block_id] = block_hash
                 self._tokens[block_id] = chunk
+                if recording:
+                    stored.append(i)
+        if stored:
+            self._record_stored(seq, stored)
         if num_full > seq._num_hashed_blocks:
             seq._num_hashed_blocks = num_full
+
+    def _record_stored(self, seq: Sequence, indices: list[int]) -> None:
+        """One BlockStored per run of consecutive block indices of seq registered in one call."""
+        events = self._events
+        if events is None:
+            return
+        bs = self.block_size
+        hashes = seq._block_hashes
+        tokens = seq.token_ids
+        start = 0
+        for k in range(1, len(indices) + 1):
+            if k < len(indices) and indices[k] == indices[k - 1] + 1:
+                continue
+            first, last = indices[start], indices[k - 1]
+            events.append(BlockStored(hashes[first:last + 1], hashes[first - 1] if first else None,
+                                      tokens[first * bs:(last + 1) * bs], bs))
+            start = k
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first, and clear its block table."""
@@ -215,16 +252,21 @@ class BlockManager:
         seq._num_hashed_blocks = 0
 
     def reset_prefix_cache(self) -> int:
-        """Forget the hashes of all free blocks (in-use blocks keep theirs); returns how many."""
+        """Forget the hashes of all free blocks (in-use blocks keep theirs); returns how many.
+        Events: AllBlocksCleared when nothing stays cached, else one BlockRemoved of the dropped hashes."""
         dropped = 0
+        removed: list[int] = []
         for block_id in self._free:
             block_hash = self._hashes[block_id]
             if block_hash is not None:
                 if self._hash_to_block.get(block_hash) == block_id:
                     del self._hash_to_block[block_hash]
+                    removed.append(block_hash)
                 self._hashes[block_id] = None
                 self._tokens[block_id] = None
                 dropped += 1
+        if self._events is not None and removed:
+            self._events.append(BlockRemoved(removed) if self._hash_to_block else AllBlocksCleared())
         return dropped
 
     def stats(self) -> dict[str, float]:

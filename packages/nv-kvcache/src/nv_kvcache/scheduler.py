@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections import deque
 
 from nv_kvcache.block_manager import BlockManager
+from nv_kvcache.kv_cache_events import KVCacheEvent
 from nv_kvcache.scheduler_output import ScheduledSeq, SchedulerOutput
+from nv_kvcache.scheduler_stats import SchedulerStats
 from nv_kvcache.sequence import FinishReason, Sequence, SequenceStatus
 
 _RUNNING = SequenceStatus.RUNNING
@@ -32,17 +34,17 @@ def _positive_int(name: str, value: object) -> int:
 class Scheduler:
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, enable_kv_cache_events: bool = False) -> None:
         self.max_num_seqs = _positive_int("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = _positive_int("max_num_batched_tokens", max_num_batched_tokens)
         self.max_model_len = _positive_int("max_model_len", max_model_len)
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching, enable_kv_cache_events)
         self.block_size = block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []        # admission order: the last one is the newest
         self._seqs: dict[int, Sequence] = {}     # every unfinished sequence by id
         self._pending: SchedulerOutput | None = None   # scheduled, not yet postprocessed
-        self.num_preemptions = 0
+        self.num_preemptions = 0                 # cumulative, for stats()
         self.num_steps = 0
 
     # ---- queries -----------------------------------------------------------------------------
@@ -59,6 +61,17 @@ class Scheduler:
 
     def get(self, seq_id: int) -> Sequence | None:
         return self._seqs.get(seq_id)
+
+    def stats(self) -> SchedulerStats:
+        """Queue lengths, KV usage and the cumulative prefix-cache and preemption counters (O(1))."""
+        bm = self.block_manager
+        return SchedulerStats(len(self.running), len(self.waiting), bm.usage, bm.num_query_tokens,
+                              bm.num_hit_tokens, self.num_preemptions)
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        """The block manager's prefix-cache events since the last call (recorded only when the
+        scheduler was made with enable_kv_cache_events=True)."""
+        return self.block_manager.take_events()
 
     # ---- requests in and out -----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from nv_engine.engine_args import EngineArgs
 from nv_engine.entrypoints.server.limits import ServerLimits
+from nv_engine.logging_config import configure_logging
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
@@ -113,7 +114,7 @@ def run_server(args: argparse.Namespace) -> int:
     if args.max_n < 1:
         raise SystemExit("--max-n must be at least 1")
     server_limits(args)   # a bad limit fails before the (slow) engine start
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()   # nv's INFO lines (engine setup, stats) on stderr; NV_LOGGING_LEVEL sets the level
     engine = create_async_llm(args.model, **engine_kwargs(args))
     app = build_app_for_engine(engine, args)
     logger.info("serving %s on http://%s:%d", args.served_model_name or args.model, args.host, args.port)

@@ -1,0 +1,175 @@
+"""PrometheusStatLogger: the engine's metrics with vLLM's names under the `nv:` prefix (a dashboard built
+for vLLM works after replacing `vllm:` by `nv:`), in a registry of its own so that several servers can
+live in one process. Bucket edges follow vLLM's for the same metrics. Labels: model_name, engine."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from nv_engine.metrics.iteration_stats import IterationStats
+from nv_kvcache import SchedulerStats
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                       10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+class PrometheusStatLogger:
+    """`record(scheduler_stats, iteration_stats)` once per engine step; `render()` for /metrics.
+
+    SchedulerStats' counters are cumulative: each record adds what grew since the previous one (a
+    snapshot smaller than the last, from a restarted scheduler, counts from zero). Every metric's
+    label set is bound once here, so a record costs a few dict-free calls plus one observe per token
+    latency."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, *,
+                 max_model_len: int = 131072, engine_index: int = 0) -> None:
+        self.model_name = model_name
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        names, values = ["model_name", "engine"], (model_name, str(engine_index))
+        self._label_values = values
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=r).labels(*values)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=r).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(*values)
+
+        # scheduler state
+        self.num_requests_running = gauge("nv:num_requests_running", "Number of requests in model execution "
+                                          "batches.")
+        self.num_requests_waiting = gauge("nv:num_requests_waiting", "Number of requests waiting to be "
+                                          "processed.")
+        self.kv_cache_usage_perc = gauge("nv:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_cache_queries = counter("nv:prefix_cache_queries", "Prefix cache queries, in terms of "
+                                            "number of queried tokens.")
+        self.prefix_cache_hits = counter("nv:prefix_cache_hits", "Prefix cache hits, in terms of number of "
+                                         "cached tokens.")
+        self.num_preemptions = counter("nv:num_preemptions", "Cumulative number of preemption from the engine.")
+        # tokens
+        self.prompt_tokens = counter("nv:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("nv:generation_tokens", "Number of generation tokens processed.")
+        self.iteration_tokens = histogram("nv:iteration_tokens_total", "Histogram of number of tokens per "
+                                          "engine_step.", ITERATION_TOKEN_BUCKETS)
+        token_buckets = buckets_1_2_5(max_model_len)
+        self.request_prompt_tokens = histogram("nv:request_prompt_tokens", "Number of prefill tokens "
+                                               "processed.", token_buckets)
+        self.request_generation_tokens = histogram("nv:request_generation_tokens", "Number of generation "
+                                                   "tokens processed.", token_buckets)
+        # requests
+        success = Counter("nv:request_success", "Count of successfully processed requests.",
+                          [*names, "finished_reason"], registry=r)
+        self._request_success = success
+        self._request_success_by_reason = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        # latencies
+        self.time_to_first_token = histogram("nv:time_to_first_token_seconds", "Histogram of time to first "
+                                             "token in seconds.", TTFT_BUCKETS)
+        self.inter_token_latency = histogram("nv:inter_token_latency_seconds", "Histogram of inter-token "
+                                             "latency in seconds.", INTER_TOKEN_BUCKETS)
+        self.request_time_per_output_token = histogram(
+            "nv:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per "
+            "request.", INTER_TOKEN_BUCKETS)
+        self.e2e_request_latency = histogram("nv:e2e_request_latency_seconds", "Histogram of e2e request "
+                                             "latency in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.request_queue_time = histogram("nv:request_queue_time_seconds", "Histogram of time spent in "
+                                            "WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.request_inference_time = histogram("nv:request_inference_time_seconds", "Histogram of time spent "
+                                                "in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.request_prefill_time = histogram("nv:request_prefill_time_seconds", "Histogram of time spent in "
+                                              "PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.request_decode_time = histogram("nv:request_decode_time_seconds", "Histogram of time spent in "
+                                             "DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self._cache_config_info: Gauge | None = None
+        self._last_queries = 0
+        self._last_hits = 0
+        self._last_preemptions = 0
+
+    def set_cache_config_info(self, *, block_size: int, num_gpu_blocks: int, kv_cache_dtype: str,
+                              enable_prefix_caching: bool) -> None:
+        """nv:cache_config_info, a gauge set to 1 whose labels describe the KV cache (vLLM's info metric;
+        cache_dtype is vLLM's label for the dtype, kv_cache_dtype nv's engine argument)."""
+        info = self._cache_config_info
+        if info is None:
+            info = self._cache_config_info = Gauge(
+                "nv:cache_config_info", "Information of the LLMEngine CacheConfig",
+                ["model_name", "engine", "block_size", "num_gpu_blocks", "cache_dtype", "kv_cache_dtype",
+                 "enable_prefix_caching"], registry=self.registry)
+        info.clear()
+        info.labels(*self._label_values, str(block_size), str(num_gpu_blocks), kv_cache_dtype, kv_cache_dtype,
+                    str(bool(enable_prefix_caching))).set(1)
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
+        if scheduler_stats is not None:
+            self.num_requests_running.set(scheduler_stats.num_running)
+            self.num_requests_waiting.set(scheduler_stats.num_waiting)
+            self.kv_cache_usage_perc.set(scheduler_stats.kv_cache_usage)
+            queries, hits = scheduler_stats.prefix_cache_queries, scheduler_stats.prefix_cache_hits
+            preemptions = scheduler_stats.num_preemptions
+            if queries != self._last_queries:
+                self.prefix_cache_queries.inc(queries - self._last_queries if queries > self._last_queries
+                                              else queries)
+                self._last_queries = queries
+            if hits != self._last_hits:
+                self.prefix_cache_hits.inc(hits - self._last_hits if hits > self._last_hits else hits)
+                self._last_hits = hits
+            if preemptions != self._last_preemptions:
+                self.num_preemptions.inc(preemptions - self._last_preemptions
+                                         if preemptions > self._last_preemptions else preemptions)
+                self._last_preemptions = preemptions
+        if iteration_stats is None:
+            return
+        prompt, generation = iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens
+        if prompt:
+            self.prompt_tokens.inc(prompt)
+        if generation:
+            self.generation_tokens.inc(generation)
+        if prompt or generation:
+            self.iteration_tokens.observe(prompt + generation)
+        for ttft in iteration_stats.time_to_first_tokens_s:
+            self.time_to_first_token.observe(ttft)
+        observe_itl = self.inter_token_latency.observe
+        for latency in iteration_stats.inter_token_latencies_s:
+            observe_itl(latency)
+        for done in iteration_stats.finished:
+            self.request_success(done.finish_reason).inc()
+            self.e2e_request_latency.observe(done.e2e_latency_s)
+            self.request_queue_time.observe(done.queued_time_s)
+            self.request_prefill_time.observe(done.prefill_time_s)
+            self.request_decode_time.observe(done.decode_time_s)
+            self.request_inference_time.observe(done.inference_time_s)
+            self.request_prompt_tokens.observe(done.num_prompt_tokens)
+            self.request_generation_tokens.observe(done.num_generation_tokens)
+            if done.num_generation_tokens > 1:
+                self.request_time_per_output_token.observe(done.decode_time_s / (done.num_generation_tokens - 1))
+
+    def request_success(self, finish_reason: str) -> Counter:
+        """nv:request_success bound to this logger's labels and `finish_reason`."""
+        success = self._request_success_by_reason.get(finish_reason)
+        if success is None:       # a reason not bound ahead
+            success = self._request_success_by_reason[finish_reason] = self._request_success.labels(
+                *self._label_values, finish_reason)
+        return success
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
