@@ -215,9 +215,9 @@ def scrape_metrics(url: str) -> dict[str, float]:
 def server_side(before: dict[str, float], after: dict[str, float]) -> dict:
     """Means over the run from the server's histograms (no client or network time in them)."""
     out = {}
-    for key, metric, scale in (("server_ttft_ms_mean", "nv:time_to_first_token_seconds", 1e3),
-                               ("server_tpot_ms_mean", "nv:inter_token_latency_seconds", 1e3),
-                               ("server_e2e_s_mean", "nv:e2e_request_latency_seconds", 1.0),
+    for key, metric, scale in (("server_ttft_ms_mean", "vllm:time_to_first_token_seconds", 1e3),
+                               ("server_tpot_ms_mean", "vllm:inter_token_latency_seconds", 1e3),
+                               ("server_e2e_s_mean", "vllm:e2e_request_latency_seconds", 1.0),
                                ("server_step_batch_mean", "nv:step_batch_size", 1.0)):
         count = after.get(metric + "_count", 0.0) - before.get(metric + "_count", 0.0)
         total = after.get(metric + "_sum", 0.0) - before.get(metric + "_sum", 0.0)

@@ -260,21 +260,21 @@ def _value(families: dict, family: str, sample: str) -> float:
 
 def test_metrics_parse_and_move(server, client):
     before = _metrics(server)
-    for name in ("nv:num_requests_running", "nv:num_requests_waiting", "nv:kv_cache_usage_perc"):
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert before[name].type == "gauge"
     client.completions.create(model=MODEL, prompt="Count: 1 2 3", max_tokens=7,
                               extra_body={"ignore_eos": True})
     after = _metrics(server)
-    assert _value(after, "nv:generation_tokens", "nv:generation_tokens_total") - \
-        _value(before, "nv:generation_tokens", "nv:generation_tokens_total") == 7
-    assert _value(after, "nv:prompt_tokens", "nv:prompt_tokens_total") > \
-        _value(before, "nv:prompt_tokens", "nv:prompt_tokens_total")
+    assert _value(after, "vllm:generation_tokens", "vllm:generation_tokens_total") - \
+        _value(before, "vllm:generation_tokens", "vllm:generation_tokens_total") == 7
+    assert _value(after, "vllm:prompt_tokens", "vllm:prompt_tokens_total") > \
+        _value(before, "vllm:prompt_tokens", "vllm:prompt_tokens_total")
     def finished_length(fams: dict) -> float:
-        return sum(s.value for s in fams["nv:request_success"].samples
-                   if s.name == "nv:request_success_total" and s.labels["finished_reason"] == "length")
+        return sum(s.value for s in fams["vllm:request_success"].samples
+                   if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "length")
 
     assert finished_length(after) == finished_length(before) + 1
-    for hist in ("nv:time_to_first_token_seconds", "nv:e2e_request_latency_seconds"):
+    for hist in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
         assert _value(after, hist, hist + "_count") == _value(before, hist, hist + "_count") + 1
 
 

@@ -98,21 +98,21 @@ def test_metrics_of_a_run_with_preemption_and_prefix_hits(run: Run):
     assert stats.num_preemptions > 0, "a 10-block cache for 4 x ~80 tokens must preempt"
     assert stats.prefix_cache_hits >= 3 * 32
     values = _samples(run)
-    assert values["nv:num_preemptions_total"] == stats.num_preemptions
-    assert values["nv:prefix_cache_hits_total"] == stats.prefix_cache_hits
-    assert values["nv:prefix_cache_queries_total"] == stats.prefix_cache_queries
-    assert values["nv:generation_tokens_total"] == 4 * 36
-    assert values["nv:prompt_tokens_total"] == sum(32 + 8 + i for i in range(4))
-    assert values["nv:request_success_total[length]"] == 4
-    for histogram in ("nv:time_to_first_token_seconds", "nv:e2e_request_latency_seconds",
-                      "nv:request_prefill_time_seconds", "nv:request_decode_time_seconds",
-                      "nv:request_prompt_tokens", "nv:request_generation_tokens"):
+    assert values["vllm:num_preemptions_total"] == stats.num_preemptions
+    assert values["vllm:prefix_cache_hits_total"] == stats.prefix_cache_hits
+    assert values["vllm:prefix_cache_queries_total"] == stats.prefix_cache_queries
+    assert values["vllm:generation_tokens_total"] == 4 * 36
+    assert values["vllm:prompt_tokens_total"] == sum(32 + 8 + i for i in range(4))
+    assert values["vllm:request_success_total[length]"] == 4
+    for histogram in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                      "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                      "vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
         assert values[histogram + "_count"] == 4, histogram
-    assert values["nv:inter_token_latency_seconds_count"] == 4 * 35
-    assert values["nv:request_generation_tokens_sum"] == 4 * 36
-    assert values["nv:iteration_tokens_total_count"] > 0
-    assert values["nv:cache_config_info"] == 1
-    assert values["nv:num_requests_running"] == 0 and values["nv:kv_cache_usage_perc"] == 0
+    assert values["vllm:inter_token_latency_seconds_count"] == 4 * 35
+    assert values["vllm:request_generation_tokens_sum"] == 4 * 36
+    assert values["vllm:iteration_tokens_total_count"] > 0
+    assert values["vllm:cache_config_info"] == 1
+    assert values["vllm:num_requests_running"] == 0 and values["vllm:kv_cache_usage_perc"] == 0
     assert sorted(run.outputs) == ["0", "1", "2", "3"]
 
 

@@ -1,5 +1,5 @@
 """Scheduler.stats(): queue lengths, KV usage and the cumulative prefix-cache / preemption counters
-that the metrics (nv:prefix_cache_queries, nv:prefix_cache_hits, nv:num_preemptions) are made of."""
+that the metrics (vllm:prefix_cache_queries, vllm:prefix_cache_hits, vllm:num_preemptions) are made of."""
 import pickle
 
 from nv_kvcache import Scheduler, SchedulerStats, Sequence, StopRules

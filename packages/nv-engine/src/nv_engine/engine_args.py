@@ -103,8 +103,8 @@ class EngineArgs:
     max_seq_len_to_capture: int = _arg(8192, "accepted for compatibility; no effect (nv's CUDA graphs "
                                        "cover every length up to max_model_len)", type=int)
     attention_backend: str | None = _arg(None, "torch, triton or flash_attn (default: the fastest available)")
-    disable_log_stats: bool = _arg(False, "accepted for compatibility; no effect yet (nv logs no "
-                                   "periodic engine statistics)", type=bool)
+    disable_log_stats: bool = _arg(False, "no periodic statistics line in nv serve's log "
+                                   "(throughput, running / waiting requests, KV usage, prefix-cache hits)", type=bool)
     kv_events_config: KVEventsConfig | dict[str, Any] | str | None = _arg(
         None, 'KV-cache events for KV-aware routers, JSON: {"enable_kv_cache_events": true, "publisher": '
         '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"} (default: off)', type=json.loads)

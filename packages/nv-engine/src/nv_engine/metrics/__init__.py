@@ -1,6 +1,6 @@
 """Engine metrics: per-step figures (IterationStats, FinishedRequestStats) that the frontend fills, a
 RequestStatsTracker that fills them from the outputs of each step, and the stat loggers that consume
-them once per step with the scheduler's SchedulerStats: PrometheusStatLogger (the `nv:` metrics, vLLM's
+them once per step with the scheduler's SchedulerStats: PrometheusStatLogger (the `vllm:` metrics, vLLM's
 names) and LoggingStatLogger (one INFO line per interval)."""
 from nv_engine.metrics.iteration_stats import FinishedRequestStats, IterationStats
 from nv_engine.metrics.logging_stat_logger import LoggingStatLogger

@@ -1,5 +1,6 @@
-"""PrometheusStatLogger: the engine's metrics with vLLM's names under the `nv:` prefix (a dashboard built
-for vLLM works after replacing `vllm:` by `nv:`), in a registry of its own so that several servers can
+"""PrometheusStatLogger: the engine's metrics under vLLM's names, `vllm:` prefix included, so that dashboards
+and KV-aware routers built on vLLM's metrics (llm-d's inference scheduler reads vllm:num_requests_waiting and
+vllm:kv_cache_usage_perc) read nv unchanged; nv's own metrics are `nv:...`. In a registry of its own so that several servers can
 live in one process. Bucket edges follow vLLM's for the same metrics. Labels: model_name, engine."""
 from __future__ import annotations
 
@@ -56,48 +57,48 @@ class PrometheusStatLogger:
             return Histogram(name, doc, names, buckets=buckets, registry=r).labels(*values)
 
         # scheduler state
-        self.num_requests_running = gauge("nv:num_requests_running", "Number of requests in model execution "
+        self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution "
                                           "batches.")
-        self.num_requests_waiting = gauge("nv:num_requests_waiting", "Number of requests waiting to be "
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be "
                                           "processed.")
-        self.kv_cache_usage_perc = gauge("nv:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_cache_queries = counter("nv:prefix_cache_queries", "Prefix cache queries, in terms of "
+        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of "
                                             "number of queried tokens.")
-        self.prefix_cache_hits = counter("nv:prefix_cache_hits", "Prefix cache hits, in terms of number of "
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of "
                                          "cached tokens.")
-        self.num_preemptions = counter("nv:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         # tokens
-        self.prompt_tokens = counter("nv:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("nv:generation_tokens", "Number of generation tokens processed.")
-        self.iteration_tokens = histogram("nv:iteration_tokens_total", "Histogram of number of tokens per "
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per "
                                           "engine_step.", ITERATION_TOKEN_BUCKETS)
         token_buckets = buckets_1_2_5(max_model_len)
-        self.request_prompt_tokens = histogram("nv:request_prompt_tokens", "Number of prefill tokens "
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens "
                                                "processed.", token_buckets)
-        self.request_generation_tokens = histogram("nv:request_generation_tokens", "Number of generation "
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens", "Number of generation "
                                                    "tokens processed.", token_buckets)
         # requests
-        success = Counter("nv:request_success", "Count of successfully processed requests.",
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           [*names, "finished_reason"], registry=r)
         self._request_success = success
         self._request_success_by_reason = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
         # latencies
-        self.time_to_first_token = histogram("nv:time_to_first_token_seconds", "Histogram of time to first "
+        self.time_to_first_token = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first "
                                              "token in seconds.", TTFT_BUCKETS)
-        self.inter_token_latency = histogram("nv:inter_token_latency_seconds", "Histogram of inter-token "
+        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token "
                                              "latency in seconds.", INTER_TOKEN_BUCKETS)
         self.request_time_per_output_token = histogram(
-            "nv:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per "
+            "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per "
             "request.", INTER_TOKEN_BUCKETS)
-        self.e2e_request_latency = histogram("nv:e2e_request_latency_seconds", "Histogram of e2e request "
+        self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request "
                                              "latency in seconds.", REQUEST_LATENCY_BUCKETS)
-        self.request_queue_time = histogram("nv:request_queue_time_seconds", "Histogram of time spent in "
+        self.request_queue_time = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in "
                                             "WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.request_inference_time = histogram("nv:request_inference_time_seconds", "Histogram of time spent "
+        self.request_inference_time = histogram("vllm:request_inference_time_seconds", "Histogram of time spent "
                                                 "in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.request_prefill_time = histogram("nv:request_prefill_time_seconds", "Histogram of time spent in "
+        self.request_prefill_time = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in "
                                               "PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.request_decode_time = histogram("nv:request_decode_time_seconds", "Histogram of time spent in "
+        self.request_decode_time = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in "
                                              "DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
         self._cache_config_info: Gauge | None = None
         self._last_queries = 0
@@ -106,12 +107,12 @@ class PrometheusStatLogger:
 
     def set_cache_config_info(self, *, block_size: int, num_gpu_blocks: int, kv_cache_dtype: str,
                               enable_prefix_caching: bool) -> None:
-        """nv:cache_config_info, a gauge set to 1 whose labels describe the KV cache (vLLM's info metric;
+        """vllm:cache_config_info, a gauge set to 1 whose labels describe the KV cache (vLLM's info metric;
         cache_dtype is vLLM's label for the dtype, kv_cache_dtype nv's engine argument)."""
         info = self._cache_config_info
         if info is None:
             info = self._cache_config_info = Gauge(
-                "nv:cache_config_info", "Information of the LLMEngine CacheConfig",
+                "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                 ["model_name", "engine", "block_size", "num_gpu_blocks", "cache_dtype", "kv_cache_dtype",
                  "enable_prefix_caching"], registry=self.registry)
         info.clear()
@@ -163,7 +164,7 @@ class PrometheusStatLogger:
                 self.request_time_per_output_token.observe(done.decode_time_s / (done.num_generation_tokens - 1))
 
     def request_success(self, finish_reason: str) -> Counter:
-        """nv:request_success bound to this logger's labels and `finish_reason`."""
+        """vllm:request_success bound to this logger's labels and `finish_reason`."""
         success = self._request_success_by_reason.get(finish_reason)
         if success is None:       # a reason not bound ahead
             success = self._request_success_by_reason[finish_reason] = self._request_success.labels(

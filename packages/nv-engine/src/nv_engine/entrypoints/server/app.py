@@ -35,11 +35,16 @@ def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model
     stepped by a thread of this process (AsyncEngine).
     default_sampling: sampling values for requests that leave them unset (generation config)."""
     names = served_model_names or [model_path]
-    metrics = ServerMetrics(names[0])
     if isinstance(engine, AsyncLLM):
+        config = engine.config
+        metrics = ServerMetrics(names[0], max_model_len=max_model_len, log_stats=not config.disable_log_stats)
+        metrics.set_cache_config_info(block_size=config.block_size, num_gpu_blocks=engine.num_blocks,
+                                      kv_cache_dtype=str(getattr(config, "kv_cache_dtype", "auto")),
+                                      enable_prefix_caching=config.enable_prefix_caching)
         engine.stat_loggers.append(ServerStatLogger(metrics))
         served: AsyncLLM | AsyncEngine = engine
     else:
+        metrics = ServerMetrics(names[0], max_model_len=max_model_len, log_stats=False)
         served = AsyncEngine(engine, metrics)
     return ServerState(engine=served, tokenizer=tokenizer,
                        sampling_params_cls=sampling_params_cls, served_model_names=names,

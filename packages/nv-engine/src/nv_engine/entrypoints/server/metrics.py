@@ -1,4 +1,4 @@
-"""ServerMetrics: what `nv serve` exposes on /metrics (the PrometheusStatLogger's `nv:` metrics, vLLM's
+"""ServerMetrics: what `nv serve` exposes on /metrics (the PrometheusStatLogger's `vllm:` metrics, vLLM's
 names, plus nv's own step batch width) and logs every 10 s (LoggingStatLogger), one registry per server
 (several servers may share a process)."""
 from __future__ import annotations
@@ -52,7 +52,7 @@ class ServerMetrics:
                                                enable_prefix_caching=enable_prefix_caching)
 
     def request_finished(self, finish_reason: str) -> None:
-        """Count one finished request (nv:request_success{finished_reason})."""
+        """Count one finished request (vllm:request_success{finished_reason})."""
         self.stat_logger.request_success(finish_reason).inc()
 
     def render(self) -> bytes:

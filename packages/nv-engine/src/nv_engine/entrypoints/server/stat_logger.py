@@ -1,65 +1,57 @@
-"""ServerStatLogger: feeds the server's Prometheus metrics from AsyncLLM's per-step statistics."""
+"""ServerStatLogger: feeds the server's metrics (Prometheus and the periodic log line) from AsyncLLM's
+per-step statistics."""
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from nv_engine.engine_core_outputs import EngineCoreOutputs
 from nv_engine.entrypoints.server.metrics import ServerMetrics
+from nv_engine.metrics import RequestStatsTracker
 from nv_engine.outputs import RequestOutput
 
 
-@dataclass
-class _Seen:
-    """What the logger knows of one open request: tokens per completion, when the last came."""
-
-    tokens_by_index: dict[int, int] = field(default_factory=dict)
-    first_token_time: float | None = None
-    last_token_time: float = 0.0
-
-
 class ServerStatLogger:
-    """An AsyncLLM stat logger (AsyncLLM.stat_loggers): TTFT, time per output token, end-to-end
-    latency, token counters, finished requests, the step width and the scheduler gauges.
-    `record` runs in AsyncLLM's receiver thread; `forget` may run on the event loop."""
+    """An AsyncLLM stat logger (AsyncLLM.stat_loggers). Per step it turns the request outputs (cumulative
+    token counts) and the core's first-scheduled times into a RequestStatsTracker's IterationStats, and
+    records them with the core's SchedulerStats snapshot in ServerMetrics: TTFT, inter-token latency,
+    queue / prefill / decode / end-to-end times, token counters, finished requests, prefix-cache and
+    preemption counters, the scheduler gauges and the step width.
+    `record` runs in AsyncLLM's receiver thread; `forget` may run on the event loop (the tracker ignores
+    an id it no longer holds, so an abort racing a finish counts once)."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
-        self._seen: dict[str, _Seen] = {}
+        self.tracker = RequestStatsTracker()
+        self._tokens_seen: dict[str, dict[int, int]] = {}    # open request -> completion index -> tokens
+        self._first_scheduled: dict[str, float] = {}          # scheduled before its first output
 
     def record(self, core_outputs: EngineCoreOutputs, request_outputs: list[RequestOutput],
                arrival_times: dict[str, float], now: float) -> None:
-        m = self.metrics
+        tracker = self.tracker
+        self._first_scheduled.update(core_outputs.first_scheduled)
         if request_outputs:
-            m.step_batch_size.observe(len(request_outputs))
+            self.metrics.step_batch_size.observe(len(request_outputs))
         for out in request_outputs:
-            arrival = arrival_times.get(out.request_id, now)
-            seen = self._seen.setdefault(out.request_id, _Seen())
+            request_id = out.request_id
+            seen = self._tokens_seen.get(request_id)
+            if seen is None:
+                seen = self._tokens_seen[request_id] = {}
+                tracker.add_request(request_id, len(out.prompt_token_ids or ()),
+                                    arrival_times.get(request_id, now))
             new_tokens = 0
             for comp in out.outputs:
                 count = len(comp.token_ids)
-                new_tokens += count - seen.tokens_by_index.get(comp.index, 0)
-                seen.tokens_by_index[comp.index] = count
-            if new_tokens > 0:
-                if seen.first_token_time is None:
-                    m.time_to_first_token.observe(now - arrival)
-                    m.prompt_tokens.inc(len(out.prompt_token_ids or ()))
-                    seen.first_token_time = now
-                else:
-                    m.time_per_output_token.observe((now - seen.last_token_time) / new_tokens)
-                m.generation_tokens.inc(new_tokens)
-                seen.last_token_time = now
+                new_tokens += count - seen.get(comp.index, 0)
+                seen[comp.index] = count
+            reason = None
             if out.finished:
-                self._seen.pop(out.request_id, None)
-                m.e2e_request_latency.observe(now - arrival)
-                reason = out.outputs[0].finish_reason if out.outputs else "abort"
-                m.request_finished(str(reason))     # once per request, as vLLM counts
-        stats = core_outputs.scheduler_stats
-        if stats is not None:
-            m.num_requests_running.set(float(getattr(stats, "num_running", 0)))
-            m.num_requests_waiting.set(float(getattr(stats, "num_waiting", 0)))
-            m.kv_cache_usage_perc.set(float(getattr(stats, "kv_cache_usage", 0.0)))
+                reason = str(out.outputs[0].finish_reason) if out.outputs else "abort"
+                del self._tokens_seen[request_id]
+            tracker.observe(request_id, new_tokens, reason, now=now,
+                            first_scheduled_time=self._first_scheduled.pop(request_id, None))
+        self.metrics.record(core_outputs.scheduler_stats, tracker.take_iteration_stats())
 
     def forget(self, request_ids: list[str]) -> None:
-        """Requests that ended without a finished output (aborted, failed)."""
+        """Requests that ended without a finished output (aborted, failed): counted as aborted."""
         for request_id in request_ids:
-            self._seen.pop(request_id, None)
+            self._first_scheduled.pop(request_id, None)
+            if self._tokens_seen.pop(request_id, None) is not None:
+                self.tracker.observe(request_id, 0, "abort")
