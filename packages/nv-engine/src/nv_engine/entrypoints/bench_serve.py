@@ -1,8 +1,9 @@
 """`nv bench serve`: load an OpenAI-compatible server (nv serve, vLLM, ...) the way `vllm bench serve`
 does and report TTFT, TPOT, ITL and E2E latency and the throughput, as a table and a JSON file.
 
-The client is never the bottleneck: the requests are dealt round-robin to several spawned worker
-processes (bench_serve_client.BenchServeClient), each an asyncio loop with one httpx client. Arrival
+The client is never the bottleneck: the requests are dealt round-robin to several worker processes
+(bench_serve_client.BenchServeClient; they import httpx, not torch), each an asyncio loop with one
+httpx client, started together once every worker is ready. Arrival
 times are drawn once for the whole run (Poisson at --request-rate, or all at once) and
 --max-concurrency is split across the workers. The requests carry only OpenAI fields and vLLM's
 `ignore_eos` (with --ignore-eos) and `stream_options.continuous_usage_stats`.
@@ -12,19 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
+import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import IO, cast
 
 import numpy as np
 
-from nv_engine.entrypoints.bench_serve_client import BenchServeClient
+from nv_engine.entrypoints.bench_serve_client import WORKER_BOOTSTRAP, BenchServeClient
 from nv_engine.entrypoints.bench_serve_dataset import BenchServeDataset
 from nv_engine.entrypoints.bench_serve_metrics import METRICS, BenchServeMetrics
 from nv_engine.entrypoints.bench_serve_types import ClientSettings, RequestRecord
-
-START_TIMEOUT_S = 300.0   # for every worker to import and connect
 
 
 def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,37 +106,45 @@ def arrival_times(num_requests: int, request_rate: float, seed: int) -> list[flo
 
 def run_clients(settings: ClientSettings, dataset: BenchServeDataset, arrivals: list[float],
                 num_workers: int, max_concurrency: int | None) -> tuple[list[RequestRecord], float]:
-    """Deal the requests round-robin to the workers, start them together; (records, wall seconds)."""
+    """Deal the requests round-robin to worker processes, start them together once all are ready;
+    (records, seconds from the start to the last record)."""
     num = len(dataset.requests)
     workers = max(1, min(num_workers, num, max_concurrency or num))
-    clients = []
-    for w in range(workers):
-        indices = list(range(w, num, workers))
-        share = None if max_concurrency is None else max_concurrency // workers + (w < max_concurrency % workers)
-        clients.append(BenchServeClient(settings, indices, [dataset.requests[i] for i in indices],
-                                        [arrivals[i] for i in indices], share))
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(workers + 1)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=BenchServeClient.run_in_process, args=(c, start, results), daemon=True,
-                         name=f"nv-bench-client-{w}") for w, c in enumerate(clients)]
-    for proc in procs:
-        proc.start()
+    procs: list[tuple[subprocess.Popen, IO[bytes], IO[bytes]]] = []   # (process, its stdin, its stdout)
     try:
-        try:
-            start.wait(timeout=START_TIMEOUT_S)
-        except Exception as exc:
-            raise RuntimeError("a bench client worker did not start") from exc
+        for w in range(workers):
+            indices = list(range(w, num, workers))
+            share = None if max_concurrency is None else max_concurrency // workers + (w < max_concurrency % workers)
+            client = BenchServeClient(settings, indices, [dataset.requests[i] for i in indices],
+                                      [arrivals[i] for i in indices], share)
+            proc = subprocess.Popen([sys.executable, "-c", WORKER_BOOTSTRAP], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE)
+            stdin, stdout = cast(IO[bytes], proc.stdin), cast(IO[bytes], proc.stdout)   # PIPE: both set
+            procs.append((proc, stdin, stdout))
+            pickle.dump(client, stdin)
+            stdin.flush()
+        for proc, _, stdout in procs:
+            if stdout.readline().strip() != b"ready":
+                raise RuntimeError(f"a bench client worker did not start (exit code {proc.wait()})")
         t0 = time.monotonic()
+        for _, stdin, _ in procs:
+            stdin.write(b"go\n")
+            stdin.flush()
         records: list[RequestRecord] = []
-        for _ in procs:
-            records.extend(results.get())
+        for proc, _, stdout in procs:
+            try:
+                records.extend(pickle.load(stdout))
+            except EOFError as exc:
+                raise RuntimeError(f"a bench client worker died (exit code {proc.wait()})") from exc
         wall = time.monotonic() - t0
     finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
+        for proc, stdin, _ in procs:
+            stdin.close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
     return records, wall
 
 

@@ -1,6 +1,6 @@
-"""One worker process of `nv bench serve`: an asyncio loop with one httpx.AsyncClient that streams its
-share of the requests (SSE) at their arrival times, at most `max_concurrency` at a time, and records
-what it saw of each (bench_serve_types.RequestRecord).
+"""One worker process of `nv bench serve` (started with WORKER_BOOTSTRAP): an asyncio loop with one
+httpx.AsyncClient that streams its share of the requests (SSE) at their arrival times, at most
+`max_concurrency` at a time, and records what it saw of each (bench_serve_types.RequestRecord).
 
 Timing. TTFT is the time to the first chunk that carries output; E2E latency the time to the last
 chunk. The requests ask for `stream_options: {include_usage, continuous_usage_stats}` (vLLM's), so a
@@ -17,11 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
+import sys
 import time
-from multiprocessing.queues import Queue
-from multiprocessing.synchronize import Barrier
+from collections.abc import Callable
+from typing import BinaryIO
 
 from nv_engine.entrypoints.bench_serve_types import BenchServeRequest, ClientSettings, RequestRecord
+
+# `python -c WORKER_BOOTSTRAP`: a worker process that imports only this module, bench_serve_types and
+# httpx. The nv_engine package's __init__ loads torch (seconds per process, far more on a busy machine),
+# so the package is registered without running it (its __path__ only), then this module runs.
+WORKER_BOOTSTRAP = """
+import importlib.util, sys, types
+for name in ("nv_engine", "nv_engine.entrypoints"):
+    spec = importlib.util.find_spec(name)
+    package = types.ModuleType(name)
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules[name] = package
+from nv_engine.entrypoints.bench_serve_client import BenchServeClient
+BenchServeClient.serve_pipes(sys.stdin.buffer, sys.stdout.buffer)
+"""
 
 
 class BenchServeClient:
@@ -34,23 +50,36 @@ class BenchServeClient:
         self.max_concurrency = max_concurrency
 
     @staticmethod
-    def run_in_process(client: BenchServeClient, start: Barrier, results: Queue) -> None:
-        """The spawned worker's target: wait for every worker at `start`, run, put the records."""
-        try:
-            records = asyncio.run(client.run(start))
-        except BaseException as exc:   # the parent must hear of it, not wait forever
-            records = [RequestRecord(i, error=f"worker failed: {exc!r}") for i in client.indices]
-        results.put(records)
+    def serve_pipes(stdin: BinaryIO, stdout: BinaryIO) -> None:
+        """A worker process's main: read a pickled BenchServeClient, connect, write b"ready\\n", wait for
+        b"go\\n", run, write the pickled list of RequestRecords."""
+        client = pickle.load(stdin)
+        if not isinstance(client, BenchServeClient):
+            raise TypeError(f"a bench worker needs a BenchServeClient, got {type(client).__name__}")
 
-    async def run(self, start: Barrier | None = None) -> list[RequestRecord]:
+        def ready_then_wait() -> None:
+            stdout.write(b"ready\n")
+            stdout.flush()
+            if stdin.readline().strip() != b"go":
+                raise RuntimeError("the bench parent went away before the start")
+
+        try:
+            records = asyncio.run(client.run(ready_then_wait))
+        except Exception as exc:   # the parent must hear of it, not wait forever
+            print(f"bench worker failed: {exc!r}", file=sys.stderr)
+            records = [RequestRecord(i, error=f"worker failed: {exc!r}") for i in client.indices]
+        pickle.dump(records, stdout)
+        stdout.flush()
+
+    async def run(self, wait_for_start: Callable[[], None] | None = None) -> list[RequestRecord]:
         import httpx
 
         limit = self.max_concurrency or len(self.requests)
         limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
         timeout = httpx.Timeout(self.settings.request_timeout_s, connect=60.0)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
-            if start is not None:
-                await asyncio.to_thread(start.wait)
+            if wait_for_start is not None:   # blocking: nothing else runs on this loop yet
+                wait_for_start()
             t0 = time.monotonic()
             gate = asyncio.Semaphore(limit)
             tasks = []
