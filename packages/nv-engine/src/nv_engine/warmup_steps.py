@@ -5,12 +5,15 @@ Triton compiles a kernel per specialisation of its integer arguments (== 1, divi
 and per constexpr value, so the steps cover, for the dimensions that reach kernels (tokens T,
 sequences B, sampling rows S, block-table width M), each class 1 / 16k / other, crossed where one
 launch sees them together:
-  - prefill of one sequence: T in {1, 16, 17} x M in {1, 2, 16, 17}, with a cached prefix where the
-    context is longer than the chunk; several sequences at once; a long prompt in chunks (a full
-    budget chunk that samples nothing, then the rest); mixed steps (decodes plus a prefill chunk);
+  - prefill of B in {1, 2, 3, 4, 16, 17} sequences of q in {1, 2, 16, 17} tokens with M in
+    {1, 2, 16, 17} block-table columns (a cached prefix where the context is longer than q): B and
+    T = B * q also set the offsets of the staged inputs, hence the pointers' 16-byte alignment,
+    which Triton specialises too; many prompts at once; a long prompt in chunks (a full budget
+    chunk that samples nothing, then the rest); mixed steps (decodes plus a prefill chunk);
   - decode at every captured CUDA-graph size, with short and max_model_len contexts;
   - each sampler path (all greedy, temperature, top-k / top-p / min-p, mixed greedy and random) at
-    every S whose launch differs (nv_kernels.sampler_kernel picks the chunk count from S), and the
+    every S whose launch may differ (class and S mod 8; nv_kernels.sampler_kernel picks its chunk
+    count from S), and the
     rest (penalties, logprobs, prompt logprobs, seeds, logit bias, allowed ids, min_tokens) at a
     few sizes.
 The KV cache is written with garbage: the blocks are free and the scheduler's prefix cache never
@@ -101,12 +104,16 @@ class WarmupSteps:
 
     def _prefill_steps(self) -> Iterator[StepInput]:
         bs, budget, max_len = self.block_size, self.budget, self.max_model_len
-        for num_tokens in (1, 16, 17):
-            for width in (1, 2, 16, 17):          # block-table columns M
-                seq_len = max(num_tokens, (width - 1) * bs + 1)
-                if num_tokens <= budget and seq_len <= max_len and -(-seq_len // bs) == width:
-                    yield self.step([_Seq(seq_len - num_tokens, num_tokens)])
-        for num_seqs in (2, 16, 17, self.max_num_seqs):   # several prompts in one step
+        # B sequences of q tokens each, with M block-table columns (a cached prefix where the context is
+        # longer than q); B and T = B * q also move the staged inputs' offsets, so pointer alignment
+        for num_seqs in (1, 2, 3, 4, 16, 17):
+            for num_tokens in (1, 2, 16, 17):
+                for width in (1, 2, 16, 17):
+                    seq_len = max(num_tokens, (width - 1) * bs + 1)
+                    if (num_seqs <= self.max_num_seqs and num_seqs * num_tokens <= budget and seq_len <= max_len
+                            and _ceil_div(seq_len, bs) == width):
+                        yield self.step([_Seq(seq_len - num_tokens, num_tokens)] * num_seqs)
+        for num_seqs in (5, self.max_num_seqs):   # many prompts in one step
             per_seq = min(3, budget // num_seqs)
             if 2 <= num_seqs <= self.max_num_seqs and per_seq >= 1:
                 yield self.step([_Seq(0, per_seq)] * num_seqs)
@@ -126,32 +133,34 @@ class WarmupSteps:
 
     def _decode_steps(self) -> Iterator[StepInput]:
         for size in graph_batch_sizes(self.max_graph_batch):
-            yield self.step([_Seq(self._context(self.block_size + 1 + i % 7), 1) for i in range(size)])
+            yield self.step([_Seq(self._context(self.block_size + 1 + i % 7), 1) for i in range(size)], decode=True)
         for size in sorted({1, self.max_graph_batch}):
-            yield self.step([_Seq(self.max_model_len - 1, 1)] * size)
+            yield self.step([_Seq(self.max_model_len - 1, 1)] * size, decode=True)
 
     def sampler_sizes(self) -> list[int]:
-        """Sampling-row counts whose sampler launches differ: one per (class of S, class of the draw
-        kernel's chunk count) when nv_kernels' sampler imports, else the graph sizes and 3, 15, 17."""
-        top = self.max_graph_batch
+        """Sampling-row counts whose sampler launches may differ: one per (class of S, S mod 8: the
+        alignment of the sampler inputs packed after S rows, class of the draw kernel's chunk count,
+        which nv_kernels' sampler picks from S), over 1..max graph batch."""
         try:
             from nv_kernels.sampler_kernel import default_num_chunks
         except Exception:  # noqa: BLE001 - no triton: the torch sampler has no variants to compile
-            return sorted({s for s in (*graph_batch_sizes(top), 3, 15, 17) if s <= top})
+            default_num_chunks = None
         block = 1024
-        seen: dict[tuple[str, str], int] = {}
-        for rows in range(1, top + 1):
-            chunks = default_num_chunks(rows, self.vocab_size, block)
-            chunk = _ceil_div(_ceil_div(self.vocab_size, chunks), block) * block   # as sample_tokens
-            chunks = _ceil_div(self.vocab_size, chunk)
-            seen.setdefault((_int_class(rows), _int_class(chunks)), rows)
+        seen: dict[tuple[str, int, str], int] = {}
+        for rows in range(1, self.max_graph_batch + 1):
+            chunks = 0
+            if default_num_chunks is not None:
+                chunks = default_num_chunks(rows, self.vocab_size, block)
+                chunk = _ceil_div(_ceil_div(self.vocab_size, chunks), block) * block   # as sample_tokens
+                chunks = _ceil_div(self.vocab_size, chunk)
+            seen.setdefault((_int_class(rows), rows % 8, _int_class(chunks)), rows)
         return sorted(seen.values())
 
     def _sampler_steps(self) -> Iterator[StepInput]:
         decode = _Seq(self._context(self.block_size), 1)
         for rows in self.sampler_sizes():
             for path in _DRAW_PATHS:
-                yield self.step([decode] * rows, [path[i % len(path)] for i in range(rows)])
+                yield self.step([decode] * rows, [path[i % len(path)] for i in range(rows)], decode=True)
         n = min(self.max_logprobs, 5)
         features = [
             SamplingParams(temperature=0.7, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1),
@@ -164,8 +173,8 @@ class WarmupSteps:
         ]
         for rows in sorted({1, min(17, self.max_graph_batch)}):
             for params in features:
-                yield self.step([decode] * rows, [params] * rows)
-            yield self.step([decode] * rows, [features[i % len(features)] for i in range(rows)])
+                yield self.step([decode] * rows, [params] * rows, decode=True)
+            yield self.step([decode] * rows, [features[i % len(features)] for i in range(rows)], decode=True)
 
     def _context(self, tokens: int) -> int:
         """A decode's context before its token, within max_model_len."""
@@ -173,9 +182,10 @@ class WarmupSteps:
 
     # ---- one StepInput -------------------------------------------------------------------------
     def step(self, seqs: list[_Seq], params: list[SamplingParams] | None = None,
-             prompt_logprobs: int | None = None) -> StepInput:
+             prompt_logprobs: int | None = None, decode: bool = False) -> StepInput:
         """The StepInput of `seqs` (blocks dealt in order, wrapping over the cache), sampling the rows
-        that sample with `params` (greedy by default), prompt logprobs of every row when asked."""
+        that sample with `params` (greedy by default), prompt logprobs of every row when asked;
+        decode: a pure decode step (every sequence one token after its context, sampling)."""
         bs = self.block_size
         if any(s.seq_len > self.max_model_len or s.num_tokens < 1 for s in seqs):
             raise ValueError(f"a warm-up sequence outside 1..max_model_len={self.max_model_len}: {seqs}")
@@ -213,7 +223,7 @@ class WarmupSteps:
                                            for i, c in enumerate(counts)]),
                 num_logprobs=prompt_logprobs, seq_ids=list(range(len(seqs))), counts=counts,
                 first_positions=[s.start + 1 for s in seqs])
-        is_decode = all(s.num_tokens == 1 and s.start > 0 and s.samples for s in seqs)
+        is_decode = decode and all(s.num_tokens == 1 and s.start > 0 and s.samples for s in seqs)
         return StepInput(
             input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, seq_lens=seq_lens,
             cu_seqlens_q=cu_seqlens_q, block_tables=table, logits_indices=logits_indices, is_decode=is_decode,
