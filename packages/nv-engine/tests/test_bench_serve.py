@@ -3,6 +3,7 @@ server's `stream_options.continuous_usage_stats`, and the benchmark's aggregatio
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -134,6 +135,14 @@ def test_bench_serve_counts_failures(server, tmp_path):
 def test_bench_serve_refuses_token_prompts_for_chat(capsys):
     assert cli.main(["bench", "serve", "--endpoint", "/v1/chat/completions", "--num-prompts", "2"]) == 2
     assert "text prompts" in capsys.readouterr().err
+
+
+def test_bench_serve_says_when_no_server_answers(capsys):
+    with socket.socket() as sock:     # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert cli.main(["bench", "serve", "--port", str(port), "--num-prompts", "2"]) == 2
+    assert "cannot reach" in capsys.readouterr().err
 
 
 # ---- the pieces -----------------------------------------------------------------------------------------

@@ -73,8 +73,12 @@ def served_model(base_url: str, api_key: str | None) -> str:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=60)
-    response.raise_for_status()
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=60)
+    except httpx.HTTPError as exc:
+        raise ValueError(f"cannot reach {base_url} ({exc}): is the server up? (--base-url / --host --port)") from exc
+    if response.status_code != 200:
+        raise ValueError(f"GET {base_url}/v1/models answered {response.status_code}: {response.text[:300]}")
     models = response.json().get("data") or []
     if not models:
         raise ValueError(f"{base_url}/v1/models lists no model: pass --model")
