@@ -21,9 +21,12 @@ import pickle
 import sys
 import time
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from nv_engine.entrypoints.bench_serve_types import BenchServeRequest, ClientSettings, RequestRecord
+
+if TYPE_CHECKING:
+    import httpx
 
 # `python -c WORKER_BOOTSTRAP`: a worker process that imports only this module, bench_serve_types and
 # httpx. The nv_engine package's __init__ loads torch (seconds per process, far more on a busy machine),
@@ -90,7 +93,7 @@ class BenchServeClient:
                 tasks.append(asyncio.create_task(self._send_when_free(http, gate, index, request)))
             return list(await asyncio.gather(*tasks))
 
-    async def _send_when_free(self, http, gate: asyncio.Semaphore, index: int,
+    async def _send_when_free(self, http: httpx.AsyncClient, gate: asyncio.Semaphore, index: int,
                               request: BenchServeRequest) -> RequestRecord:
         async with gate:
             return await self.send(http, index, request)
@@ -107,7 +110,7 @@ class BenchServeClient:
             body["ignore_eos"] = True
         return body
 
-    async def send(self, http, index: int, request: BenchServeRequest) -> RequestRecord:
+    async def send(self, http: httpx.AsyncClient, index: int, request: BenchServeRequest) -> RequestRecord:
         """Stream one request; a failure (HTTP error, error event, no output) is recorded, never raised."""
         record = RequestRecord(index, prompt_len=request.prompt_len or 0)
         headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
@@ -123,7 +126,7 @@ class BenchServeClient:
             record.error = f"{type(exc).__name__}: {exc}"
         return record
 
-    async def _read_events(self, resp, record: RequestRecord) -> None:
+    async def _read_events(self, resp: httpx.Response, record: RequestRecord) -> None:
         last_time = record.start
         tokens_so_far = 0             # completion tokens per the chunks' usage
         chunk_usage_seen = False
