@@ -153,6 +153,10 @@ def run_clients(settings: ClientSettings, dataset: BenchServeDataset, arrivals: 
 
 
 def run_bench_serve(args: argparse.Namespace) -> dict:
+    try:
+        import httpx  # noqa: F401 - the client's one dependency beyond nv's own
+    except ImportError as exc:
+        raise ValueError(f"nv bench serve needs httpx: pip install 'nv-engine[serve]' ({exc})") from exc
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     chat = args.endpoint.rstrip("/").endswith("chat/completions")
     dataset = load_dataset(args)
