@@ -43,6 +43,7 @@ from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
+from nv_engine.warmup_steps import WarmupSteps
 from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class EngineCore:
             self._check_kv_cache_holds_one_sequence()
             self.executor.allocate_kv_cache(self.num_blocks)
             self.executor.capture_cudagraphs()
+            if config.is_cuda:   # every kernel variant compiles now, not in the first requests
+                WarmupSteps.for_engine(config, self.num_blocks, tuple(sorted(self.eos_token_ids))).run(self.executor)
         except BaseException:
             self.executor.shutdown()
             raise

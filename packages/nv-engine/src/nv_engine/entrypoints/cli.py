@@ -1,4 +1,5 @@
-"""The `nv` command: `nv generate`, `nv bench throughput` (`nv bench` for short), and `nv serve` (from
+"""The `nv` command: `nv generate`, `nv bench throughput` (`nv bench` for short), `nv bench serve` (load a
+running OpenAI-compatible server), and `nv serve` (from
 nv_engine.entrypoints.server, when installed). Every command takes the engine arguments of
 nv_engine.engine_args.EngineArgs as flags, spelled the same everywhere."""
 from __future__ import annotations
@@ -91,18 +92,23 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from nv_engine.entrypoints.bench import add_bench_arguments
+    from nv_engine.entrypoints.bench_serve import add_bench_serve_arguments
 
     parser = argparse.ArgumentParser(prog="nv", description="nv: a small, fast LLM inference engine")
     parser.add_argument("--version", action="version", version=f"nv {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="logging level (INFO shows engine setup)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate_parser(subparsers)
-    bench = subparsers.add_parser("bench", help="benchmarks: `nv bench throughput` (or just `nv bench`)",
+    bench = subparsers.add_parser("bench", help="benchmarks: `nv bench throughput` (or just `nv bench`), "
+                                  "`nv bench serve`",
                                   description="`nv bench ARGS` is short for `nv bench throughput ARGS`.")
     benchmarks = bench.add_subparsers(dest="bench_command", required=True)
     throughput = benchmarks.add_parser("throughput", help="the headline throughput benchmark (BENCHMARKS.md)")
     add_bench_arguments(throughput)
     throughput.set_defaults(func=run_bench_command)
+    serve = benchmarks.add_parser("serve", help="load a running OpenAI-compatible server: TTFT, TPOT, ITL, "
+                                  "throughput (as vllm bench serve)")
+    add_bench_serve_arguments(serve)
     try:
         from nv_engine.entrypoints.server.cli import add_serve_parser
     except ImportError:   # the serve extra (fastapi, uvicorn) is not installed
@@ -112,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCH_COMMANDS = ("throughput",)
+BENCH_COMMANDS = ("throughput", "serve")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -186,6 +186,10 @@ class _ChatRun:
         return self.fmt.chat(c.token_ids[start:end], (c.logprobs or [])[start:end], self.top_logprobs)
 
     def _chunk(self, choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
+        if choice is not None and self.req.continuous_usage:   # the choice's usage so far, as vLLM
+            done = len(self.choices[choice.index].token_ids)
+            usage = UsageInfo(prompt_tokens=self.num_prompt_tokens, completion_tokens=done,
+                              total_tokens=self.num_prompt_tokens + done)
         return sse(ChatCompletionChunk(id=self.id, model=self.model,
                                        choices=[choice] if choice else [], usage=usage))
 

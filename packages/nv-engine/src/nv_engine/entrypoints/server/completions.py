@@ -126,6 +126,14 @@ class _CompletionRun:
                          total_tokens=prompt + completion,
                          prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(self.num_cached_tokens)))
 
+    def _choice_usage(self, c: ChoiceState) -> UsageInfo | None:
+        """stream_options.continuous_usage_stats: the choice's prompt and its tokens so far (as vLLM)."""
+        if not self.req.continuous_usage:
+            return None
+        prompt = len(self.prompts[c.index // self.req.n][1])
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=len(c.token_ids),
+                         total_tokens=prompt + len(c.token_ids))
+
     def _logprobs(self, c: ChoiceState, start: int, end: int, offset: int) -> Any:
         if self.req.logprobs is None:
             return None
@@ -153,7 +161,7 @@ class _CompletionRun:
             if self.req.echo:
                 for c in self.choices.values():
                     yield sse(CompletionChunk(id=self.id, model=self.model, choices=[
-                        CompletionChoice(index=c.index, text=self._echo(c))]))
+                        CompletionChoice(index=c.index, text=self._echo(c))], usage=self._choice_usage(c)))
             async for outputs in stream:
                 for index in sorted(self._apply(outputs)):
                     c = self.choices[index]
@@ -172,7 +180,7 @@ class _CompletionRun:
                     yield sse(CompletionChunk(id=self.id, model=self.model, choices=[CompletionChoice(
                         index=index, text=delta, logprobs=self._logprobs(c, start, end, offset),
                         finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                        prompt_logprobs=prompt_logprobs)]))
+                        prompt_logprobs=prompt_logprobs)], usage=self._choice_usage(c)))
             if self.req.include_usage:
                 yield sse(CompletionChunk(id=self.id, model=self.model, choices=[],
                                           usage=self._usage()))

@@ -21,6 +21,7 @@ def now() -> int:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False      # vLLM's: with include_usage, usage so far in every chunk
     include_obfuscation: bool | None = None   # random padding against length side channels: not sent
 
 
@@ -66,6 +67,11 @@ class SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every streamed chunk carries its choice's usage so far (include_usage and continuous_usage_stats)."""
+        return bool(self.include_usage and self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(SamplingRequest):
