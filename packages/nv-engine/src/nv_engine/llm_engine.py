@@ -13,8 +13,12 @@ come back. Step N is postprocessed with placeholder ids (lengths and max_tokens 
 the runner takes step N+1's input ids from step N's sampled ids on the device, and while the GPU
 runs step N+1 the engine patches in step N's real ids, applies EOS / stop ids and stop strings
 (a sequence that stops there computes one extra token, dropped) and builds the outputs. So the
-CPU work of a step hides behind the GPU work of the next. Requests with penalties (which need
-every output id on the host when sampling) turn it off while they run.
+CPU work of a step hides behind the GPU work of the next. Requests with penalties or structured
+outputs (which need every output id on the host when sampling) turn it off while they run.
+
+Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a
+worker thread), fills each step's token bitmask and advances the grammars with the sampled tokens;
+the engine's calls into it are the lines marked "structured outputs".
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
@@ -39,6 +43,7 @@ from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
+from nv_engine.structured_output.manager import StructuredOutputManager
 from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
 
 if TYPE_CHECKING:
@@ -99,6 +104,8 @@ class LLMEngine:
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=stream_outputs)
+        self.structured_outputs = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                                                          sorted(self.eos_token_ids))
         self.rng = random.Random(config.seed)
         self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
@@ -146,13 +153,16 @@ class LLMEngine:
         rules = params.stop_rules(self.eos_token_ids, max_model_len=self.config.max_model_len,
                                   prompt_len=len(ids))
         first = self._new_sequence(request_id, 0, ids, rules, params)
-        self.scheduler.add(first)                          # may raise ValueError: nothing kept yet
+        if params.structured_outputs is None:
+            self.scheduler.add(first)                      # may raise ValueError: nothing kept yet
+        else:                                              # structured outputs: held until compiled
+            self.structured_outputs.hold(first)            # may raise ValueError: nothing kept yet
         self.output_processor.add_request(request_id, prompt_text, ids, params)
         seqs = [first]
         self.requests[request_id] = seqs
         self._num_penalty_requests += params.needs_output_token_ids
         self._num_prompt_logprobs_requests += params.prompt_logprobs is not None
-        if params.n > 1 and not self.config.enable_prefix_caching:
+        if params.n > 1 and not self.config.enable_prefix_caching and params.structured_outputs is None:
             self._add_siblings(seqs)                       # nothing to share: batch them at once
 
     def _new_sequence(self, request_id: str, index: int, prompt_token_ids: list[int], rules: StopRules,
@@ -182,6 +192,7 @@ class LLMEngine:
                 continue
             self._num_penalty_requests -= seqs[0].params.needs_output_token_ids
             self._num_prompt_logprobs_requests -= seqs[0].params.prompt_logprobs is not None
+            self.structured_outputs.remove_request(rid, [seq.seq_id for seq in seqs])
             for seq in seqs:
                 seq.reported_finished = True               # a step in flight drops its token
                 if self.scheduler.abort(seq.seq_id) is not None:
@@ -207,13 +218,14 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         scheduler = self.scheduler
         launched, self._inflight = self._inflight, None
+        failed = self._release_structured_outputs(wait=launched is None and not scheduler.has_unfinished())
         if launched is None:
             out = scheduler.schedule()
             if out.is_empty:
                 if scheduler.has_unfinished():
                     raise RuntimeError("the scheduler could not schedule any waiting sequence")
                 self.last_step_tokens = (0, 0)
-                return []
+                return failed
             self._open_steps = [out]
             launched = self._launch(out, None)
         self.last_step_tokens = launched.tokens
@@ -234,8 +246,34 @@ class LLMEngine:
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             self._record_prompt_logprobs(out, launched.prompt_logprobs, result)
+        if self.structured_outputs.active:                 # structured outputs: advance the matchers
+            for seq, reason in self.structured_outputs.accept([s.seq for s in out.sampling],  # type: ignore[misc]
+                                                              result.token_ids):
+                if scheduler.finish(seq.seq_id, reason) is not None:
+                    self.step_builder.release(seq.seq_id)
         outputs = self._report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
+        return failed + outputs if failed else outputs
+
+    def _release_structured_outputs(self, wait: bool) -> list[RequestOutput]:
+        """Structured outputs: requests whose grammar compiled join the scheduler; those whose
+        compile failed finish (abort) now. wait: block briefly for a compile (nothing else to run)."""
+        released = self.structured_outputs.release(wait=wait)
+        failed = list(released.failed)
+        for seq in released.ready:
+            try:
+                self.scheduler.add(seq)
+            except ValueError as exc:
+                failed.append((seq, str(exc)))
+                continue
+            if seq.params.n > 1 and not self.config.enable_prefix_caching:
+                self._add_siblings(self.requests[seq.request_id])
+        if not failed:
+            return []
+        updates = [SequenceUpdate(seq.request_id, index, [], None, 0.0, FinishReason.ABORT, None, 0)
+                   for seq, _ in failed for index in range(seq.params.n)]
+        outputs = self.output_processor.process(updates).request_outputs
+        self.abort_request([seq.request_id for seq, _ in failed])
         return outputs
 
     def _launch(self, out: SchedulerOutput, previous: _Launched | None) -> _Launched:
@@ -249,6 +287,8 @@ class LLMEngine:
                 rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
                                         seq.prompt_token_ids, seq.output_token_ids))
             batch = self.sampling_builder.build(rows)
+            if self.structured_outputs.active:             # structured outputs: the grammars' masks
+                batch.token_bitmask = self.structured_outputs.fill_bitmask([s.seq for s in sampling])  # type: ignore[misc]
         prev_index = None
         if previous is not None and previous.out.sampling:
             prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
@@ -353,6 +393,7 @@ class LLMEngine:
         seqs = self.requests[seq.request_id]
         if len(seqs) == seq.params.n and all(s.reported_finished for s in seqs):
             del self.requests[seq.request_id]
+            self.structured_outputs.remove_request(seq.request_id, [s.seq_id for s in seqs])
             self._num_penalty_requests -= seq.params.needs_output_token_ids
             self._num_prompt_logprobs_requests -= seq.params.prompt_logprobs is not None
 
@@ -382,6 +423,9 @@ class LLMEngine:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def shutdown(self) -> None:
+        structured_outputs = getattr(self, "structured_outputs", None)
+        if structured_outputs is not None:
+            structured_outputs.shutdown()
         executor = getattr(self, "executor", None)
         if executor is not None:
             executor.shutdown()

@@ -179,7 +179,7 @@ class ModelRunner:
                 layer.k_cache, layer.v_cache = k_cache, v_cache
         del hidden
         if self.is_driver:
-            self.sampler(logits, self.sampling_tensors.worst_case(num_rows))
+            self.sampler(logits, self.sampling_tensors.worst_case(num_rows, logits.shape[1]))
 
     def _dummy_decode(self, batch_size: int) -> None:
         """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
