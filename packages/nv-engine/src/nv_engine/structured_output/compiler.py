@@ -81,8 +81,8 @@ class GrammarCompiler:
             if params.structural_tag is not None:
                 return xgrammar.Grammar.from_structural_tag(params.structural_tag)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise ValueError(f"structured outputs: invalid {kind}: {xgrammar_message(exc)}") from None
-        raise ValueError(f"structured outputs: unknown kind {kind!r}")
+            raise ValueError(f"structured_outputs: invalid {kind}: {xgrammar_message(exc)}") from None
+        raise ValueError(f"structured_outputs: unknown kind {kind!r}")
 
     def submit(self, params: StructuredOutputsParams) -> Future[xgrammar.CompiledGrammar]:
         """Parse (ValueError now if the constraint is bad) and compile in the pool; a Future of the
@@ -111,7 +111,7 @@ class GrammarCompiler:
         try:
             return compiler.compile_grammar(grammar)
         except RuntimeError as exc:
-            raise ValueError(f"structured outputs: the grammar does not compile: {xgrammar_message(exc)}") from None
+            raise ValueError(f"structured_outputs: the grammar does not compile: {xgrammar_message(exc)}") from None
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -62,7 +62,7 @@ class StructuredOutputManager:
     @property
     def compiler(self) -> GrammarCompiler:
         if self.tokenizer is None:
-            raise ValueError("structured outputs need a tokenizer; this model has none")
+            raise ValueError("structured_outputs need a tokenizer; this model has none")
         if self._compiler is None:
             self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_token_ids)
         return self._compiler

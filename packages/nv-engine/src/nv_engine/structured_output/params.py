@@ -36,24 +36,24 @@ class StructuredOutputsParams:
             self.json_object = None
         given = [name for name in _KINDS if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ValueError("structured outputs take exactly one of json, json_object, regex, choice, "
+            raise ValueError("structured_outputs takes exactly one of json, json_object, regex, choice, "
                              f"grammar, structural_tag; got {', '.join(given) if given else 'none'}")
         if self.json is not None:
             self.json = _schema_dict(self.json)
         if self.json_object is not None and self.json_object is not True:
-            raise ValueError(f"structured outputs: json_object must be true, got {self.json_object!r}")
+            raise ValueError(f"structured_outputs: json_object must be true, got {self.json_object!r}")
         for name in ("regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"structured outputs: {name} must be a non-empty string, got {value!r}")
+                raise ValueError(f"structured_outputs: {name} must be a non-empty string, got {value!r}")
         if self.structural_tag is not None:
             _json_value("structural_tag", self.structural_tag)
         if self.choice is not None:
             choice = self.choice
             if isinstance(choice, str) or not isinstance(choice, (list, tuple)):
-                raise ValueError(f"structured outputs: choice must be a list of strings, got {choice!r}")
+                raise ValueError(f"structured_outputs: choice must be a list of strings, got {choice!r}")
             if not choice or not all(isinstance(c, str) and c for c in choice):
-                raise ValueError("structured outputs: choice must be a non-empty list of non-empty strings, "
+                raise ValueError("structured_outputs: choice must be a non-empty list of non-empty strings, "
                                  f"got {choice!r}")
             self.choice = list(choice)
 
@@ -79,7 +79,7 @@ def _json_value(name: str, text: str) -> object:
     try:
         return json_module.loads(text)
     except ValueError as exc:
-        raise ValueError(f"structured outputs: {name} is not valid JSON: {exc}") from None
+        raise ValueError(f"structured_outputs: {name} is not valid JSON: {exc}") from None
 
 
 def _schema_dict(schema: object) -> dict:
@@ -88,8 +88,8 @@ def _schema_dict(schema: object) -> dict:
         schema = _json_value("json", schema)
     if isinstance(schema, bool):    # JSON Schema allows true / false; false accepts nothing
         if not schema:
-            raise ValueError("structured outputs: the json schema `false` accepts no output")
+            raise ValueError("structured_outputs: the json schema `false` accepts no output")
         schema = {}
     if not isinstance(schema, dict):
-        raise ValueError(f"structured outputs: json must be a JSON schema object, got {schema!r}")
+        raise ValueError(f"structured_outputs: json must be a JSON schema object, got {schema!r}")
     return schema
