@@ -1,7 +1,7 @@
 """Token sampling on the device, with no host sync.
 
-Per row: a structured-output grammar's token bitmask, allowed ids, banned ids (min_tokens, bad words) and logit bias, then penalties (vLLM's
-presence / frequency / repetition), then greedy
+Per row: a structured-output grammar's token bitmask, allowed ids, banned ids (min_tokens, bad words)
+and logit bias, then penalties (vLLM's presence / frequency / repetition), then greedy
 rows (temperature 0) take the argmax; the others are scaled by temperature, filtered by min-p, then
 top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1),
 done in log space as argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait as wait_futures
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 

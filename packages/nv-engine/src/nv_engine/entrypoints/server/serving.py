@@ -110,7 +110,7 @@ class ServerState:
                 raise APIError(f"logit_bias keys must be token ids, got {list(req.logit_bias)}.",
                                param="logit_bias") from exc
         top_k = self._default("top_k", req, 0)
-        kwargs = dict(
+        kwargs: dict[str, object] = dict(
             n=req.n,
             temperature=self._default("temperature", req, 1.0),
             top_p=self._default("top_p", req, 1.0),
