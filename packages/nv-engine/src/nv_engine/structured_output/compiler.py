@@ -15,11 +15,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
-
-import xgrammar
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 from nv_engine.structured_output.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import xgrammar
 
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the rest is the message.
 _XGRAMMAR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
@@ -29,6 +31,16 @@ class HFTokenizer(Protocol):
     """What xgrammar.TokenizerInfo.from_huggingface reads (a transformers tokenizer fits)."""
 
     def get_vocab(self) -> dict[str, int]: ...
+
+
+def import_xgrammar() -> ModuleType:
+    """xgrammar, imported on the first structured-outputs request (an engine without one never loads
+    it); ValueError when it is not installed."""
+    try:
+        import xgrammar
+    except ImportError as exc:
+        raise ValueError(f"structured_outputs need the xgrammar package (pip install xgrammar): {exc}") from None
+    return xgrammar
 
 
 def xgrammar_message(exc: BaseException) -> str:
@@ -66,6 +78,7 @@ class GrammarCompiler:
     def parse(self, params: StructuredOutputsParams) -> xgrammar.Grammar:
         """The constraint as an xgrammar Grammar; ValueError naming the kind when it does not parse."""
         kind = params.kind
+        xgrammar = import_xgrammar()
         try:
             if params.json is not None:
                 return xgrammar.Grammar.from_json_schema(params.spec, any_whitespace=False, strict_mode=True)
@@ -102,6 +115,7 @@ class GrammarCompiler:
         return future
 
     def _compile(self, grammar: xgrammar.Grammar) -> xgrammar.CompiledGrammar:
+        xgrammar = import_xgrammar()
         with self._compiler_lock:
             compiler = self._compiler
             if compiler is None:

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xgrammar
 
-from nv_engine.structured_output.compiler import GrammarCompiler, HFTokenizer
+from nv_engine.structured_output.compiler import GrammarCompiler, HFTokenizer, import_xgrammar
 from nv_kvcache import FinishReason
 
 if TYPE_CHECKING:
+    import xgrammar
+
     from nv_engine.engine_sequence import EngineSequence
 
 logger = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class StructuredOutputManager:
             grammar = self._grammars.get(seq.request_id)
             if grammar is None:
                 return None
-            matcher = self._matchers[seq.seq_id] = xgrammar.GrammarMatcher(grammar)
+            matcher = self._matchers[seq.seq_id] = import_xgrammar().GrammarMatcher(grammar)
         return matcher
 
     # ---- 4. after a step ---------------------------------------------------------------------
