@@ -84,7 +84,7 @@ def run(llm: LLM, batch: list[tuple[list[dict], dict]], max_tokens: int, grammar
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Structured outputs against plain requests on SmolLM2 (bf16).")
     parser.add_argument("--gguf", default=None)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
