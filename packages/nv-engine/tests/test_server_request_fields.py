@@ -5,6 +5,7 @@ non-default value takes effect or gets a 400 naming it; logit_bias, allowed_toke
 from __future__ import annotations
 
 import json
+import re
 import typing
 from pathlib import Path
 from types import SimpleNamespace
@@ -87,7 +88,7 @@ REFUSED = {"best_of": 3, "suffix": " the end", "audio": {"voice": "alloy", "form
                "modalities": ["text", "audio"], "moderation": {"model": "m"}, "parallel_tool_calls": False,
                "prediction": {"type": "content", "content": "x"}, "prompt_cache_options": {"ttl": 5},
                "prompt_cache_retention": "24h", "reasoning_effort": "low",
-               "response_format": {"type": "json_object"}, "service_tier": "flex", "store": True,
+               "service_tier": "flex", "store": True,
                "tool_choice": "auto", "tools": [{"type": "function", "function": {"name": "f"}}],
                "verbosity": "low", "web_search_options": {}}
 # ... and of the ones it ignores (bookkeeping for the caller)
@@ -120,6 +121,8 @@ def honoured_cases(endpoint: str, server, post) -> dict[str, tuple[dict, typing.
         "stream": ({"stream": True}, lambda r: r.text.rstrip().endswith("data: [DONE]")),
         "stream_options": ({"stream": True, "stream_options": {"include_usage": True}},
                            lambda r: f'"completion_tokens":{MAX_TOKENS}' in r.text),
+        "response_format": ({"response_format": {"type": "json_object"}},
+                            lambda r: text_of(r.json()).startswith("{") and not base_text.startswith("{")),
     }
     if endpoint == "completions":
         cases.update({
@@ -172,10 +175,8 @@ def test_every_openai_field_is_honoured_or_refused(endpoint, server, http):
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_unimplemented_vllm_fields_and_unknown_names_are_refused(endpoint, http):
     path = ENDPOINTS[endpoint][0]
-    cases = [("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a"]),
-             ("structured_outputs", {"json": {}}),
-             ("spaces_between_special_tokens", False), ("tool_choicez", "none"), ("frobnicate", 1),
-             ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}})]
+    cases = [("spaces_between_special_tokens", False), ("tool_choicez", "none"), ("frobnicate", 1),
+             ("guided_whitespace_pattern", " *")]
     for name, value in cases:
         r = http.post(path, json={**base_body(endpoint), name: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == name, (name, r.text)
@@ -328,3 +329,59 @@ def test_chat_template_flag_takes_a_file_or_a_template(tmp_path):
     assert load_chat_template(None) is None
     with pytest.raises(SystemExit, match="chat-template"):
         load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+# ---- structured outputs: response_format, structured_outputs, guided_* ------------------------------
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 8},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+
+def test_response_format_json_schema_plain_and_streamed(client):
+    jsonschema = pytest.importorskip("jsonschema")
+    kwargs = dict(model=MODEL, messages=CHAT, max_tokens=96, temperature=0, response_format=JSON_SCHEMA_FORMAT)
+    reply = client.chat.completions.create(**kwargs)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    # xgrammar's JSON strings may hold raw control characters: parse leniently, validate strictly
+    jsonschema.validate(json.loads(choice.message.content, strict=False), PERSON)
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_structured_outputs_and_guided_fields(client):
+    choices = ["red", "green", "blue"]
+    chat = dict(model=MODEL, messages=CHAT, max_tokens=16, temperature=1.0)
+    for seed in range(3):
+        reply = client.chat.completions.create(seed=seed, extra_body={"guided_choice": choices}, **chat)
+        assert reply.choices[0].message.content in choices and reply.choices[0].finish_reason == "stop"
+    reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0,
+                                      extra_body={"structured_outputs": {"regex": "[a-z]{3}-[0-9]{2}"}})
+    assert re.fullmatch("[a-z]{3}-[0-9]{2}", reply.choices[0].text)
+    reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
+                                      extra_body={"guided_grammar": 'root ::= "ab" | "cd"',
+                                                  "guided_decoding_backend": "xgrammar"})
+    assert reply.choices[0].text in ("ab", "cd")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                                                                                            "properties": 3}}}},
+     "structured_outputs"),
+    ({"guided_regex": "a(b"}, "structured_outputs"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+    ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+])
+def test_bad_structured_outputs_get_400(http, body, param):
+    for endpoint in ("completions", "chat"):
+        r = http.post(ENDPOINTS[endpoint][0], json={**base_body(endpoint), **body})
+        assert r.status_code == 400, (body, r.text)
+        error = r.json()["error"]
+        assert error["param"].startswith(param) and error["message"], (body, r.text)
+    assert http.post("/v1/completions", json=base_body("completions")).status_code == 200

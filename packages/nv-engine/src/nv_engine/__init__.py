@@ -6,7 +6,7 @@ from nv_engine.engine_args import EngineArgs
 from nv_engine.llm import LLM
 from nv_engine.llm_engine import LLMEngine
 from nv_engine.outputs import CompletionOutput, Logprob, RequestOutput
-from nv_engine.sampling_params import SamplingParams
+from nv_engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = ["LLM", "AsyncLLM", "CompletionOutput", "EngineArgs", "EngineConfig", "LLMEngine", "Logprob", "RequestOutput",
-           "SamplingParams", "__version__"]
+           "SamplingParams", "StructuredOutputsParams", "__version__"]

@@ -17,8 +17,12 @@ come back. Step N is postprocessed with placeholder ids (lengths and max_tokens 
 the runner takes step N+1's input ids from step N's sampled ids on the device, and while the GPU
 runs step N+1 the core patches in step N's real ids, applies EOS / stop ids and builds the
 updates (a sequence a stop string ends computes an extra token or more, dropped). So the CPU work
-of a step hides behind the GPU work of the next. Requests with penalties (which need every output
-id on the host when sampling) turn it off while they run.
+of a step hides behind the GPU work of the next. Requests with penalties or structured outputs
+(which need every output id on the host when sampling) turn it off while they run.
+
+Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a
+worker thread), fills each step's token bitmask and advances the grammars with the sampled tokens;
+the core's calls into it are the lines marked "structured outputs".
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
@@ -37,12 +41,15 @@ from nv_engine.config import EngineConfig
 from nv_engine.engine_core_output import SequenceUpdate
 from nv_engine.engine_core_outputs import EngineCoreOutputs
 from nv_engine.engine_core_request import EngineCoreRequest
+from nv_engine.engine_requests import load_tokenizer
 from nv_engine.engine_sequence import EngineSequence
 from nv_engine.outputs import Logprob, SampleLogprobs
 from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
+from nv_engine.structured_output.compiler import HFTokenizer
+from nv_engine.structured_output.manager import StructuredOutputManager
 from nv_engine.warmup_steps import WarmupSteps
 from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
 
@@ -74,7 +81,7 @@ class EngineCore:
     them."""
 
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
-                 record_timestamps: bool = False) -> None:
+                 record_timestamps: bool = False, tokenizer: HFTokenizer | None = None) -> None:
         from nv_engine.executor import create_executor
 
         self.config = config
@@ -105,6 +112,11 @@ class EngineCore:
             enable_kv_cache_events=self.kv_event_publisher is not None)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
+        # structured outputs: grammars compile off the step; the tokenizer is loaded at the first one
+        # unless the frontend shares its own (an in-process LLMEngine)
+        self.structured_outputs = StructuredOutputManager(
+            (lambda: tokenizer) if tokenizer is not None else (lambda: load_tokenizer(config)),
+            self.vocab_size, sorted(self.eos_token_ids))
         self.rng = random.Random(config.seed)
         self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
         self._reports_every_token: dict[str, bool] = {}       # unfinished: id -> the request's rule
@@ -140,13 +152,16 @@ class EngineCore:
         # The first of n > 1 reports its first token: its siblings are added then.
         first = self._new_sequence(request_id, 0, ids, rules, params,
                                    request.reports_every_token or params.n > 1)
-        self.scheduler.add(first)                          # may raise ValueError: nothing kept yet
+        if params.structured_outputs is None:
+            self.scheduler.add(first)                      # may raise ValueError: nothing kept yet
+        else:                                              # structured outputs: held until compiled
+            self.structured_outputs.hold(first)            # may raise ValueError: nothing kept yet
         seqs = [first]
         self.requests[request_id] = seqs
         self._reports_every_token[request_id] = request.reports_every_token
         self._num_penalty_requests += params.needs_output_token_ids
         self._num_prompt_logprobs_requests += params.prompt_logprobs is not None
-        if params.n > 1 and not self.config.enable_prefix_caching:
+        if params.n > 1 and not self.config.enable_prefix_caching and params.structured_outputs is None:
             self._add_siblings(seqs)                       # nothing to share: batch them at once
 
     def _new_sequence(self, request_id: str, index: int, prompt_token_ids: list[int], rules: StopRules,
@@ -175,6 +190,7 @@ class EngineCore:
             if seqs is None:
                 continue
             self._forget(rid, seqs[0].params)
+            self.structured_outputs.remove_request(rid, [seq.seq_id for seq in seqs])
             for seq in seqs:
                 seq.reported_finished = True               # a step in flight drops its token
                 if self.scheduler.abort(seq.seq_id) is not None:
@@ -239,13 +255,16 @@ class EngineCore:
     def _step(self) -> list[SequenceUpdate]:
         scheduler = self.scheduler
         launched, self._inflight = self._inflight, None
+        failed: list[SequenceUpdate] = []
+        if self.structured_outputs.num_held:
+            failed = self._release_structured_outputs(wait=launched is None and not scheduler.has_unfinished())
         if launched is None:
             out = scheduler.schedule()
             if out.is_empty:
                 if scheduler.has_unfinished():
                     raise RuntimeError("the scheduler could not schedule any waiting sequence")
                 self.last_step_tokens = (0, 0)
-                return []
+                return failed
             self._open_steps = [out]
             launched = self._launch(out, None)
         self.last_step_tokens = launched.tokens
@@ -266,8 +285,35 @@ class EngineCore:
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             self._record_prompt_logprobs(out, launched.prompt_logprobs, result)
+        if self.structured_outputs.active:                 # structured outputs: advance the matchers
+            for seq, reason in self.structured_outputs.accept([s.seq for s in out.sampling],  # type: ignore[misc]
+                                                              result.token_ids):
+                if scheduler.finish(seq.seq_id, reason) is not None:
+                    self.step_builder.release(seq.seq_id)
         updates = self._report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
+        return failed + updates if failed else updates
+
+    def _release_structured_outputs(self, wait: bool) -> list[SequenceUpdate]:
+        """Structured outputs: requests whose grammar compiled join the scheduler; those whose
+        compile failed finish (abort) now. wait: block briefly for a compile (nothing else to run)."""
+        released = self.structured_outputs.release(wait=wait)
+        failed = list(released.failed)
+        for seq in released.ready:
+            try:
+                self.scheduler.add(seq)
+            except ValueError as exc:
+                failed.append((seq, str(exc)))
+                continue
+            if seq.params.n > 1 and not self.config.enable_prefix_caching:
+                self._add_siblings(self.requests[seq.request_id])
+        if not failed:
+            return []
+        for seq, message in failed:
+            logger.warning("request %s finishes (abort): %s", seq.request_id, message)
+        updates = [SequenceUpdate(seq.request_id, index, [], None, 0.0, FinishReason.ABORT, None, 0)
+                   for seq, _ in failed for index in range(seq.params.n)]
+        self.abort_requests([seq.request_id for seq, _ in failed])
         return updates
 
     def _launch(self, out: SchedulerOutput, previous: _Launched | None) -> _Launched:
@@ -281,6 +327,8 @@ class EngineCore:
                 rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
                                         seq.prompt_token_ids, seq.output_token_ids))
             batch = self.sampling_builder.build(rows)
+            if self.structured_outputs.active:             # structured outputs: the grammars' masks
+                batch.token_bitmask = self.structured_outputs.fill_bitmask([s.seq for s in sampling])  # type: ignore[misc]
         prev_index = None
         if previous is not None and previous.out.sampling:
             prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
@@ -381,6 +429,7 @@ class EngineCore:
         if len(seqs) == seq.params.n and all(s.reported_finished for s in seqs):
             del self.requests[seq.request_id]
             self._forget(seq.request_id, seq.params)
+            self.structured_outputs.remove_request(seq.request_id, [s.seq_id for s in seqs])
 
     def _abandon_open_steps(self) -> None:
         """After a failed step: abort the requests of every step scheduled but not reported (their
@@ -416,6 +465,9 @@ class EngineCore:
         if publisher is not None:
             publisher.shutdown()
             self.kv_event_publisher = None
+        structured_outputs = getattr(self, "structured_outputs", None)
+        if structured_outputs is not None:
+            structured_outputs.shutdown()
 
     def __del__(self) -> None:
         try:

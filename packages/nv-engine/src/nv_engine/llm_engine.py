@@ -61,7 +61,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config)
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self.vocab_size = int(config.hf_config.vocab_size)
-        self.core = EngineCore(config, self.eos_token_ids)
+        self.core = EngineCore(config, self.eos_token_ids, tokenizer=self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=stream_outputs)
         self.preparer = RequestPreparer(config, self.tokenizer)
 

@@ -8,7 +8,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from nv_engine.structured_output.params import StructuredOutputsParams
 from nv_kvcache import StopRules
+
+__all__ = ["SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
@@ -48,6 +51,8 @@ class SamplingParams:
     logit_bias {token id: bias in [-100, 100]} is added to the logits before sampling (greedy
     included); allowed_token_ids limits sampling to those ids; bad_words are strings whose token
     sequences never complete (the last token is banned when the output ends with the others).
+    structured_outputs constrains the output to a JSON schema, regex, choice or grammar
+    (StructuredOutputsParams; a dict of its fields is taken too).
     Token ids are checked against the model, and bad_words tokenized, by `prepare_for_model`.
     """
 
@@ -72,6 +77,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # bad_words as token sequences, set by prepare_for_model
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
@@ -80,6 +86,7 @@ class SamplingParams:
         self._check_floats()
         self._check_stops()
         self._check_token_constraints()
+        self._check_structured_outputs()
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
@@ -181,6 +188,16 @@ class SamplingParams:
                 raise ValueError(f"bad_words must be non-empty strings, got {words!r}")
             self.bad_words = words or None
 
+    def _check_structured_outputs(self) -> None:
+        value = self.structured_outputs
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(StructuredOutputsParams.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"structured_outputs has unknown fields {unknown}")
+            self.structured_outputs = StructuredOutputsParams(**value)
+        elif value is not None and not isinstance(value, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {value!r}")
+
     def prepare_for_model(self, vocab_size: int, tokenizer: Tokenizer | None) -> None:
         """Check token ids against the model's vocabulary and tokenize bad_words (ValueError naming
         the field otherwise). The engine calls it on its own copy when the request is added."""
@@ -241,8 +258,9 @@ class SamplingParams:
 
     @property
     def needs_output_token_ids(self) -> bool:
-        """The sampler reads the output so far (penalties, bad words): no step may run ahead."""
-        return self.has_penalties or bool(self.bad_words)
+        """The sampler reads the output so far (penalties, bad words, a grammar's token bitmask):
+        no step may run ahead (these requests turn async scheduling off while they run)."""
+        return self.has_penalties or bool(self.bad_words) or self.structured_outputs is not None
 
     def needs_every_token(self, *, stream: bool, detokenizes: bool) -> bool:
         """Whether the engine core reports this request's tokens after every step (else once, when

@@ -42,6 +42,9 @@ class SamplingBatch:
     prompt_token_ids: np.ndarray | None = None  # [S, Lp] int64 padded with V
     output_token_ids: np.ndarray | None = None  # [S, Lo] int64 padded with V
     banned_token_ids: np.ndarray | None = None  # [S, Lb] int64 padded with V
+    # [S, ceil(V/32)] int32: bit j of word w allows token 32w + j (structured outputs; rows without a
+    # grammar all ones); None when no row of the step has a grammar
+    token_bitmask: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:

@@ -1,7 +1,7 @@
 """Token sampling on the device, with no host sync.
 
-Per row: allowed ids, banned ids (min_tokens, bad words) and logit bias, then penalties (vLLM's
-presence / frequency / repetition), then greedy
+Per row: a structured-output grammar's token bitmask, allowed ids, banned ids (min_tokens, bad words)
+and logit bias, then penalties (vLLM's presence / frequency / repetition), then greedy
 rows (temperature 0) take the argmax; the others are scaled by temperature, filtered by min-p, then
 top-k and top-p (vLLM v1's order), and sampled by the exponential race: argmax(p / E) with E ~ Exp(1),
 done in log space as argmax(logits / T - log E) (the Gumbel-max form of the same draw). The noise comes from a
@@ -51,6 +51,8 @@ class SamplingTensors:
     allowed_token_ids: Tensor | None = None  # [S, La] int64, padded with V; the rest -inf (all pad: no limit)
     logit_bias_ids: Tensor | None = None  # [S, Lg] int64, padded with V ...
     logit_bias_values: Tensor | None = None  # [S, Lg] float32 ... added to those logits (0 on padding)
+    # [S, ceil(V/32)] int32: bit j of word w allows token 32w + j (a grammar's); the rest -inf
+    token_bitmask: Tensor | None = None
     # Python-side flags; the defaults are the safe (do every stage) choice.
     all_greedy: bool = False
     any_greedy: bool = True
@@ -61,9 +63,9 @@ class SamplingTensors:
 
     @property
     def any_logits_processing(self) -> bool:
-        """Anything that edits the logits before penalties (allowed ids, bans, logit bias)."""
+        """Anything that edits the logits before penalties (grammar bitmask, allowed ids, bans, bias)."""
         return (self.allowed_token_ids is not None or self.banned_token_ids is not None
-                or self.logit_bias_ids is not None)
+                or self.logit_bias_ids is not None or self.token_bitmask is not None)
 
     @property
     def any_penalties(self) -> bool:
@@ -86,10 +88,20 @@ def _id_mask(ids: Tensor, vocab_size: int) -> Tensor:
     return mask[:, :vocab_size]
 
 
+def bitmask_allows(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """[S, W] int32 packed bits -> [S, V] bool, True where bit (id % 32) of word id // 32 is set."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+    bits = (bitmask[:, :, None] >> shifts) & 1  # [S, W, 32]; >> is arithmetic, & 1 keeps the bit
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
 def apply_token_constraints(logits: Tensor, t: SamplingTensors) -> Tensor:
-    """Allowed ids (rows with a list keep only those), banned ids (-inf) and logit bias (added),
-    in vLLM's order, before penalties and temperature. Returns a new tensor."""
+    """A grammar's token bitmask (-inf where not allowed), allowed ids (rows with a list keep only
+    those), banned ids (-inf) and logit bias (added), in vLLM's order, before penalties and
+    temperature. Returns a new tensor."""
     num_rows, vocab = logits.shape
+    if t.token_bitmask is not None:
+        logits = logits.masked_fill(~bitmask_allows(t.token_bitmask, vocab), float("-inf"))
     if t.allowed_token_ids is not None:
         allowed = _id_mask(t.allowed_token_ids, vocab)  # [S, V]
         limited = allowed.any(dim=-1, keepdim=True)  # [S, 1]; rows without a list keep all ids

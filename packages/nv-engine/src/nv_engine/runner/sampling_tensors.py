@@ -30,6 +30,8 @@ class SamplingTensorsSource:
         extra = {name: self._to_device(value) for name in
                  ("prompt_token_ids", "output_token_ids", "banned_token_ids")
                  if (value := getattr(batch, name)) is not None}
+        if batch.token_bitmask is not None:   # [S, ceil(V/32)]: megabytes; from pinned memory, no host wait
+            extra["token_bitmask"] = self._to_device(batch.token_bitmask, pinned=True)
         return SamplingTensors(seeds=seeds_positions[0], positions=seeds_positions[1],
                                **self._static, **extra, **batch.flags)
 
@@ -43,8 +45,9 @@ class SamplingTensorsSource:
             positions=torch.zeros(num_rows, dtype=torch.int64, device=device),
             all_greedy=True, any_greedy=True, any_top_k=False, any_top_p=False, any_min_p=False)
 
-    def worst_case(self, num_rows: int) -> SamplingTensors:
-        """Every sampler stage on (the memory profile's worst case)."""
+    def worst_case(self, num_rows: int, vocab_size: int | None = None) -> SamplingTensors:
+        """Every sampler stage on (the memory profile's worst case; with vocab_size, a grammar's
+        token bitmask too)."""
         device = self.device
 
         def full(value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -56,7 +59,12 @@ class SamplingTensorsSource:
             need_logprobs=True, presence_penalties=full(0.1), frequency_penalties=full(0.1),
             repetition_penalties=full(1.1),
             output_token_ids=torch.zeros(num_rows, 1, dtype=torch.int64, device=device),
+            token_bitmask=None if vocab_size is None else torch.full(
+                (num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=device),
             all_greedy=False, any_greedy=True, any_top_k=True, any_top_p=True, any_min_p=True)
 
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device, non_blocking=True)
+    def _to_device(self, array: np.ndarray, pinned: bool = False) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if pinned and self.device.type == "cuda":
+            tensor = tensor.pin_memory()   # torch's caching host allocator: reused once the copy is done
+        return tensor.to(self.device, non_blocking=True)

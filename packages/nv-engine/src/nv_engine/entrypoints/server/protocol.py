@@ -25,6 +25,35 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None   # random padding against length side channels: not sent
 
 
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema: OpenAI's {name, description, schema, strict}."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None   # nv always follows the schema
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's `structured_outputs` request field (exactly one constraint; checked by the engine's
+    StructuredOutputsParams)."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None
+
+
 class SamplingRequest(BaseModel):
     """Fields that completions and chat share. Fields not declared here land in `model_extra` and
     are checked against request_fields.REQUEST_FIELDS (accepted at their defaults, else a 400)."""
@@ -63,6 +92,14 @@ class SamplingRequest(BaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None    # per prompt token: its logprob and the top k
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_*
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None   # accepted; nv's backend is xgrammar
 
     @property
     def include_usage(self) -> bool:
@@ -72,6 +109,25 @@ class SamplingRequest(BaseModel):
     def continuous_usage(self) -> bool:
         """Every streamed chunk carries its choice's usage so far (include_usage and continuous_usage_stats)."""
         return bool(self.include_usage and self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def structured_outputs_fields(self) -> list[tuple[str, dict[str, Any]]]:
+        """Each request field that constrains the output, with its StructuredOutputsParams keyword
+        arguments (an empty dict: response_format json_schema without a schema)."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            found.append(("response_format", {"json_object": True}))
+        elif fmt is not None and fmt.type == "json_schema":
+            schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
+            found.append(("response_format", {} if schema is None else {"json": schema}))
+        if self.structured_outputs is not None:
+            found.append(("structured_outputs", self.structured_outputs.model_dump(by_alias=True, exclude_none=True)))
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            value = getattr(self, name)
+            if value is not None:
+                found.append((name, {key: value}))
+        return found
 
 
 class CompletionRequest(SamplingRequest):

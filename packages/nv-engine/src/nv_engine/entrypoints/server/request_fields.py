@@ -74,7 +74,7 @@ _FIELDS: list[RequestField] = [
     *_default_only("parallel_tool_calls", True, endpoints=_CHAT),
     *_default_only("tools functions", [], endpoints=_CHAT),
     *_default_only("tool_choice function_call", "none", endpoints=_CHAT),
-    *_default_only("response_format", {"type": "text"}),
+    *_honoured("response_format"),
     *_default_only("modalities", ["text"], endpoints=_CHAT),
     *_default_only("service_tier", "auto", "default", endpoints=_CHAT),
     *_default_only("prompt_cache_retention", "in_memory", endpoints=_CHAT),
@@ -87,10 +87,10 @@ _FIELDS: list[RequestField] = [
     *_honoured("add_generation_prompt continue_final_message chat_template chat_template_kwargs",
                _CHAT),
     *_default_only("echo", False, endpoints=_CHAT),
-    *_default_only("truncate_prompt_tokens guided_json guided_regex guided_choice "
-                   "guided_grammar guided_decoding_backend guided_whitespace_pattern "
-                   "structured_outputs logits_processors documents mm_processor_kwargs cache_salt "
-                   "kv_transfer_params vllm_xargs"),
+    *_honoured("structured_outputs guided_json guided_regex guided_choice guided_grammar "
+               "guided_decoding_backend"),
+    *_default_only("truncate_prompt_tokens guided_whitespace_pattern logits_processors documents "
+                   "mm_processor_kwargs cache_salt kv_transfer_params vllm_xargs"),
     *_default_only("return_tokens_as_token_ids return_token_ids use_beam_search", False),
     *_default_only("spaces_between_special_tokens", True),
     *_default_only("length_penalty", 1.0, 1),

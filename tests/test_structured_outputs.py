@@ -1,0 +1,202 @@
+"""Structured outputs offline (`SamplingParams(structured_outputs=...)`, xgrammar): even random weights
+must write output that parses and validates against the JSON schema, matches the regex, is one of the
+choices or follows the grammar, and finish with "stop" (every constraint here is bounded, so a
+"length" finish is a failure). A batch mixing grammar and plain requests leaves the plain ones
+unchanged (greedy). A bad constraint is a ValueError at add time and the engine keeps serving; a
+compile that fails later finishes its request (abort) without a hang. SmolLM2 (real weights): JSON
+answers to chat prompts that validate.
+
+xgrammar's JSON-schema strings admit raw control characters, which strict JSON forbids, so outputs are
+parsed with json.loads(strict=False); the schemas' shapes, bounds and enums are still checked.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("xgrammar")
+
+from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
+from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
+
+MAX_TOKENS = 160
+PROMPTS = ["The quick brown fox", "Hello, world!", "def main():", "1 2 3"]
+
+SCHEMAS = [
+    # nested objects, required fields
+    {"type": "object", "additionalProperties": False, "required": ["user"],
+     "properties": {"user": {"type": "object", "additionalProperties": False, "required": ["id", "name"],
+                             "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                            "name": {"type": "string", "maxLength": 6}}}}},
+    # enums
+    {"type": "object", "additionalProperties": False, "required": ["color", "size"],
+     "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"enum": [1, 2, 3]}}},
+    # an array with maxItems
+    {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "minItems": 1, "maxItems": 4},
+    # booleans and null, all required
+    {"type": "object", "additionalProperties": False, "required": ["ok", "note"],
+     "properties": {"ok": {"type": "boolean"}, "note": {"type": "null"}}},
+    # integers with bounds
+    {"type": "object", "additionalProperties": False, "required": ["age", "year"],
+     "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99},
+                    "year": {"type": "integer", "minimum": 1990, "maximum": 2030}}},
+    # a string with maxLength
+    {"type": "string", "maxLength": 5},
+    # an array of objects with maxItems
+    {"type": "array", "maxItems": 3,
+     "items": {"type": "object", "additionalProperties": False, "required": ["k", "v"],
+               "properties": {"k": {"enum": ["a", "b"]}, "v": {"type": "integer", "minimum": 0, "maximum": 9}}}},
+    # anyOf
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 100}, {"type": "string", "maxLength": 3}]},
+    # a string pattern
+    {"type": "string", "pattern": "^[a-z]{2,4}$"},
+]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir: Path):
+    with LLM(str(tiny_qwen3_dir), max_model_len=512, max_num_seqs=16, block_size=16) as engine:
+        yield engine
+
+
+def constrained(seed: int | None = None, temperature: float = 0.0, **constraint) -> SamplingParams:
+    return SamplingParams(temperature=temperature, seed=seed, max_tokens=MAX_TOKENS,
+                          structured_outputs=StructuredOutputsParams(**constraint))
+
+
+def finished_text(output) -> str:
+    completion = output.outputs[0]
+    assert completion.finish_reason == "stop", (completion.finish_reason, completion.text)
+    return completion.text
+
+
+def test_json_schemas_validate_greedy_and_sampled(llm):
+    params = [constrained(json=schema) for schema in SCHEMAS]
+    params += [constrained(seed=i, temperature=1.0, json=schema) for i, schema in enumerate(SCHEMAS)]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(params))]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for output, schema in zip(outputs, SCHEMAS * 2, strict=True):
+        value = json.loads(finished_text(output), strict=False)
+        jsonschema.validate(value, schema)
+
+
+def test_json_schema_given_as_text_and_json_object(llm):
+    schema = SCHEMAS[1]
+    out = llm.generate([PROMPTS[0]], constrained(json=json.dumps(schema)), use_tqdm=False)[0]
+    jsonschema.validate(json.loads(finished_text(out), strict=False), schema)
+    out = llm.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, structured_outputs=(
+        StructuredOutputsParams(json_object=True))), use_tqdm=False)[0]
+    text = out.outputs[0].text
+    assert text.startswith("{")
+    if out.outputs[0].finish_reason == "stop":      # random weights may nest past the token budget
+        assert isinstance(json.loads(text, strict=False), dict)
+
+
+def test_regex_choice_and_grammar(llm):
+    regex = r"(yes|no)-[0-9]{1,3}"
+    choices = ["apple pie", "banana", "cherry \"quoted\" é"]
+    grammar = 'root ::= "(" digit ("+" digit)* ")"\ndigit ::= [0-9]'
+    params = [constrained(regex=regex), constrained(seed=1, temperature=1.0, regex=regex),
+              constrained(choice=choices), constrained(seed=2, temperature=1.0, choice=choices),
+              constrained(seed=3, temperature=1.0, choice=choices), constrained(grammar=grammar),
+              constrained(seed=4, temperature=1.0, grammar=grammar)]
+    outputs = llm.generate([PROMPTS[i % len(PROMPTS)] for i in range(len(params))], params, use_tqdm=False)
+    texts = [finished_text(o) for o in outputs]
+    assert all(re.fullmatch(regex, t) for t in texts[:2]), texts
+    assert all(t in choices for t in texts[2:5]), texts
+    assert all(re.fullmatch(r"\([0-9](\+[0-9])*\)", t) for t in texts[5:]), texts
+
+
+def test_mixed_batch_leaves_plain_requests_unchanged(llm):
+    plain = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, plain, use_tqdm=False)]
+    params = [plain, constrained(json=SCHEMAS[0]), plain, constrained(regex="[a-z]{4}"), plain,
+              constrained(choice=["x", "y"]), plain]
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[2], PROMPTS[3], PROMPTS[3]]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [outputs[i].outputs[0].token_ids for i in (0, 2, 4, 6)] == alone
+    jsonschema.validate(json.loads(finished_text(outputs[1]), strict=False), SCHEMAS[0])
+    assert re.fullmatch("[a-z]{4}", finished_text(outputs[3]))
+    assert finished_text(outputs[5]) in ("x", "y")
+
+
+def test_n_ignore_eos_and_stream_steps(llm):
+    """n > 1 gives each completion its own matcher; ignore_eos still ends when the grammar is done."""
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=MAX_TOKENS, ignore_eos=True,
+                            structured_outputs=StructuredOutputsParams(json=SCHEMAS[6]))
+    out = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0]
+    assert len(out.outputs) == 3
+    for completion in out.outputs:
+        assert completion.finish_reason == "stop"
+        jsonschema.validate(json.loads(completion.text, strict=False), SCHEMAS[6])
+
+
+@pytest.mark.parametrize("constraint, message", [
+    ({"json": {"type": "object", "properties": 3}}, "invalid json"),
+    ({"regex": "a(b"}, "invalid regex"),
+    ({"grammar": "root ::= undefined_rule"}, "invalid grammar"),
+])
+def test_bad_constraint_is_a_value_error_and_the_engine_keeps_serving(llm, constraint, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["x", "y"], [SamplingParams(max_tokens=4),
+                                  SamplingParams(structured_outputs=StructuredOutputsParams(**constraint))],
+                     use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    out = llm.generate(["x"], constrained(choice=["ok"]), use_tqdm=False)[0]
+    assert finished_text(out) == "ok"
+
+
+def test_params_need_exactly_one_constraint():
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams()
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams(regex="a", choice=["a"])
+    with pytest.raises(ValueError, match="not valid JSON"):
+        StructuredOutputsParams(json="{nope")
+    with pytest.raises(ValueError, match="choice"):
+        StructuredOutputsParams(choice=[])
+    params = SamplingParams(structured_outputs={"json": '{"type": "integer"}'})
+    assert params.structured_outputs == StructuredOutputsParams(json={"type": "integer"})
+    assert params.needs_output_token_ids      # runs its steps synchronously
+
+
+def test_failed_compile_finishes_the_request_without_a_hang(llm, monkeypatch):
+    def broken(self, grammar):
+        raise ValueError("structured_outputs: the grammar does not compile: broken")
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", broken)
+    out = llm.generate(["x"], constrained(regex="never-compiled-[0-9]"), use_tqdm=False)[0]
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    monkeypatch.undo()
+    assert finished_text(llm.generate(["x"], constrained(regex="fine-[0-9]"), use_tqdm=False)[0])
+
+
+# ---- SmolLM2 (real weights) ------------------------------------------------------------------
+SMOLLM2_SCHEMAS = [
+    {"type": "object", "additionalProperties": False, "required": ["city", "country"],
+     "properties": {"city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20}}},
+    {"type": "object", "additionalProperties": False, "required": ["answer", "confidence"],
+     "properties": {"answer": {"enum": ["yes", "no"]},
+                    "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}},
+]
+SMOLLM2_QUESTIONS = ["What is the capital of France? Answer in JSON.", "Is the sky blue? Answer in JSON."]
+
+
+def test_smollm2_chat_answers_validate(smollm2_dir: Path):
+    params = [SamplingParams(temperature=0.0, max_tokens=48, structured_outputs=StructuredOutputsParams(json=s))
+              for s in SMOLLM2_SCHEMAS]
+    with LLM(str(smollm2_dir), max_model_len=512, max_num_seqs=4) as smollm2:
+        outputs = smollm2.chat([[{"role": "user", "content": q}] for q in SMOLLM2_QUESTIONS], params,
+                               use_tqdm=False)
+    values = []
+    for output, schema in zip(outputs, SMOLLM2_SCHEMAS, strict=True):
+        value = json.loads(finished_text(output), strict=False)
+        jsonschema.validate(value, schema)
+        values.append(value)
+    assert "paris" in values[0]["city"].lower()
