@@ -12,6 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from nv_engine.entrypoints.server.chat import create_chat_completion
+from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.completions import create_completion
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
@@ -27,7 +28,8 @@ def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model
                 max_model_len: int, served_model_names: list[str] | None = None,
                 api_key: str | None = None, max_n: int = 128,
                 chat_template: str | None = None, limits: ServerLimits | None = None,
-                default_sampling: dict[str, float | int] | None = None) -> ServerState:
+                default_sampling: dict[str, float | int] | None = None,
+                chat_parsing: ChatParsingOptions | None = None) -> ServerState:
     """Wrap an LLMEngine (add_request / step / abort_request / has_unfinished_requests).
     default_sampling: sampling values for requests that leave them unset (generation config)."""
     names = served_model_names or [model_path]
@@ -36,7 +38,8 @@ def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model
                        sampling_params_cls=sampling_params_cls, served_model_names=names,
                        model_path=model_path, max_model_len=max_model_len, max_n=max_n,
                        metrics=metrics, api_key=api_key, chat_template=chat_template,
-                       limits=limits or ServerLimits(), default_sampling=dict(default_sampling or {}))
+                       limits=limits or ServerLimits(), default_sampling=dict(default_sampling or {}),
+                       chat_parsing=chat_parsing or ChatParsingOptions())
 
 
 def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_path: str = "") -> FastAPI:
