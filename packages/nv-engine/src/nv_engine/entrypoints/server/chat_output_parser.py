@@ -42,7 +42,7 @@ class ChatOutputParser:
     def message(self, text: str) -> ChatResponseMessage:
         """The whole output as the response's message."""
         split, parsed = self._parse(text, final=True)
-        calls = [ToolCall(function=FunctionCall(name=call.name, arguments=call.arguments.strip() or "{}"))
+        calls = [ToolCall(function=FunctionCall(name=call.name, arguments=call.arguments))
                  for call in parsed.calls if call.name is not None]
         content: str | None = parsed.content
         if calls and not parsed.content.strip():

@@ -19,5 +19,5 @@ class NamedFunctionToolParser(ToolParser):
         except InvalidJson:
             end = None
         if end is None:
-            end = len(text.rstrip()) if final else len(text)
+            end = len(text)
         return ParsedOutput("", [PartialToolCall(self.name, text[start:end])])

@@ -29,4 +29,6 @@ class ToolParser(ABC):
             elif member.key in argument_keys:
                 end = member.value_end if member.value_end is not None else len(json_text.text)
                 arguments = json_text.text[member.value_start:end]
+        if scan.end is not None and not any(m.key in argument_keys for m in scan.members):
+            arguments = "{}"   # a finished call without arguments: it takes none
         return PartialToolCall(name, arguments)
