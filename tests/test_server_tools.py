@@ -29,7 +29,8 @@ TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 # bounded arguments (enums, booleans, no extra keys): a random model under the grammar finishes them
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "metric"],
            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "metric": {"type": "boolean"}}}
-CLOCK = {"type": "object", "additionalProperties": False, "required": ["utc"], "properties": {"utc": {"type": "boolean"}}}
+CLOCK = {"type": "object", "additionalProperties": False, "required": ["utc"],
+         "properties": {"utc": {"type": "boolean"}}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather now", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "parameters": CLOCK}}]
 PARAMETERS = {"get_weather": WEATHER, "get_time": CLOCK}

@@ -180,7 +180,10 @@ def test_qwen3_reasoning_split():
     assert got.calls == [{"name": "get_time", "arguments": "{}"}]
 
 
-def plan(options: ChatParsingOptions = ChatParsingOptions(), **fields) -> ChatOutputPlan:
+NO_FLAGS = ChatParsingOptions()
+
+
+def plan(options: ChatParsingOptions = NO_FLAGS, **fields) -> ChatOutputPlan:
     return ChatOutputPlan(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields), options)
 
 
@@ -197,8 +200,7 @@ def test_tool_choice_rules():
     assert isinstance(plan(auto, tools=TOOLS).output_parser("").tool_parser, HermesToolParser)
     none = plan(auto, tools=TOOLS, tool_choice="none")
     assert none.json_schema is None and none.output_parser("").tool_parser is None
-    assert none.template_tools == TOOLS
-    assert plan(tools=[]).template_tools is None
+    assert plan(tools=[]).tool_choice == "none"
     with pytest.raises(ValueError, match="tool-call-parser"):
         ChatParsingOptions(enable_auto_tool_choice=True)
     with pytest.raises(ValueError, match="reasoning_parser"):

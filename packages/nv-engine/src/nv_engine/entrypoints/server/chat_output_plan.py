@@ -1,5 +1,5 @@
-"""What one chat request's tools, tool_choice and the server's parsing options mean for it: the tools
-the chat template sees, the JSON schema that forces the calls (tool_choice "required" or a named
+"""What one chat request's tools, tool_choice and the server's parsing options mean for its output: the
+JSON schema that forces the calls (tool_choice "required" or a named
 function), and the parser each choice's output goes through. Request errors are 400s naming the field.
 
 tool_choice "required" and a named function work with any chat template: the grammar forces the
@@ -45,12 +45,6 @@ class ChatOutputPlan:
             raise APIError(f"tool_choice names the function {choice.function.name!r}, which is not in "
                            f"tools ({', '.join(names)}).", param="tool_choice")
         self.tool_choice: str | NamedToolChoice = choice
-
-    # ------------------------------------------------------------------------------- the prompt
-    @property
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        """`tools=` for the chat template (also with tool_choice "none": the model sees them)."""
-        return [tool.model_dump(exclude_none=True) for tool in self.tools] or None
 
     # ------------------------------------------------------------------------------- sampling
     @property
