@@ -214,3 +214,36 @@ def test_history_tool_calls_reach_the_template_as_objects():
     bad = ToolCall.model_validate({"function": {"name": "get_time", "arguments": "{tz"}})
     with pytest.raises(ValueError, match="not valid JSON"):
         bad.template_dict()
+
+
+def test_the_openai_client_assembles_the_streamed_calls():
+    """The chunks the server sends for a streamed output, fed to the openai package's own stream
+    accumulation: it rebuilds the same message as the plain response."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk as OpenAIChunk
+
+    from nv_engine.entrypoints.server.protocol import ChatCompletionChunk, ChatStreamChoice, DeltaMessage
+
+    text = ('<think>weather first</think>\n\nChecking. <tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    parser = qwen3("assistant\n", tools=True)()
+    chunks = [ChatCompletionChunk(id="c", model="m", choices=[
+        ChatStreamChoice(index=0, delta=DeltaMessage(role="assistant", content=""))])]
+    for end in range(3, len(text) + 3, 3):
+        final = end >= len(text)
+        for delta in parser.deltas(text[:end], final=final):
+            chunks.append(ChatCompletionChunk(id="c", model="m", choices=[ChatStreamChoice(index=0, delta=delta)]))
+        if final:
+            break
+    chunks.append(ChatCompletionChunk(id="c", model="m", choices=[ChatStreamChoice(
+        index=0, delta=DeltaMessage(), finish_reason=parser.finish_reason("stop"))]))
+    state = ChatCompletionStreamState(input_tools=TOOLS)
+    for chunk in chunks:
+        state.handle_chunk(OpenAIChunk.model_validate_json(chunk.model_dump_json()))
+    got = state.get_final_completion().choices[0]
+    plain = qwen3("assistant\n", tools=True)().message(text)
+    assert got.finish_reason == "tool_calls" and got.message.content == plain.content == "Checking. "
+    assert [(c.function.name, c.function.arguments) for c in got.message.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in plain.tool_calls or ()] == \
+        [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+    assert all(c.id.startswith("call_") for c in got.message.tool_calls)
