@@ -31,6 +31,8 @@ ORIGIN = "https://app.example"
 MAX_TOKENS = 4
 PROMPT = "The quick brown fox"
 CHAT = [{"role": "user", "content": "Hello, world! How are you today?"}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}}]
 ENDPOINTS = {
     "completions": ("/v1/completions", completion_create_params, {"prompt": PROMPT}),
     "chat": ("/v1/chat/completions", chat_create_params, {"messages": CHAT}),
@@ -89,7 +91,6 @@ REFUSED = {"best_of": 3, "suffix": " the end", "audio": {"voice": "alloy", "form
                "prediction": {"type": "content", "content": "x"}, "prompt_cache_options": {"ttl": 5},
                "prompt_cache_retention": "24h", "reasoning_effort": "low",
                "service_tier": "flex", "store": True,
-               "tool_choice": "auto", "tools": [{"type": "function", "function": {"name": "f"}}],
                "verbosity": "low", "web_search_options": {}}
 # ... and of the ones it ignores (bookkeeping for the caller)
 IGNORED = {"user": "someone", "metadata": {"k": "v"}, "prompt_cache_key": "key", "safety_identifier": "id"}
@@ -138,6 +139,12 @@ def honoured_cases(endpoint: str, server, post) -> dict[str, tuple[dict, typing.
                 r.json()["choices"][0]["logprobs"]["content"]) == MAX_TOKENS),
             "top_logprobs": ({"logprobs": True, "top_logprobs": 2}, lambda r: all(
                 len(t["top_logprobs"]) == 2 for t in r.json()["choices"][0]["logprobs"]["content"])),
+            # forced calls (structured outputs): a named function, and tool_choice "required"
+            "tools": ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}},
+                       "max_tokens": 40},
+                      lambda r: r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"),
+            "tool_choice": ({"tools": TOOLS, "tool_choice": "required", "max_tokens": 40},
+                            lambda r: r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"),
         })
     return cases
 
@@ -184,6 +191,15 @@ def test_unimplemented_vllm_fields_and_unknown_names_are_refused(endpoint, http)
     for name, value in [("guided_json", None), ("spaces_between_special_tokens", True),
                         ("prompt_logprobs", None)]:
         assert http.post(path, json={**base_body(endpoint), name: value}).status_code == 200, name
+
+
+def test_tool_choice_auto_needs_the_server_flags(http):
+    """As vLLM: tool_choice "auto" (the default once tools are sent) needs --enable-auto-tool-choice and
+    --tool-call-parser; this server has neither."""
+    for extra in ({"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "auto"}):
+        r = http.post("/v1/chat/completions", json={**base_body("chat"), **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+        assert "--enable-auto-tool-choice" in r.json()["error"]["message"]
 
 
 def check_prompt_logprobs(entries: list, prompt_ids: list[int], k: int) -> None:

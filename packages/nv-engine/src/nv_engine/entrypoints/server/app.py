@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from nv_engine.async_llm import AsyncLLM
 from nv_engine.entrypoints.server.chat import create_chat_completion
+from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.completions import create_completion
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
@@ -29,7 +30,8 @@ def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model
                 max_model_len: int, served_model_names: list[str] | None = None,
                 api_key: str | None = None, max_n: int = 128,
                 chat_template: str | None = None, limits: ServerLimits | None = None,
-                default_sampling: dict[str, float | int] | None = None) -> ServerState:
+                default_sampling: dict[str, float | int] | None = None,
+                chat_parsing: ChatParsingOptions | None = None) -> ServerState:
     """Serve an AsyncLLM (what `nv serve` runs: the engine core in its own process), or an
     in-process LLMEngine-like object (add_request / step / abort_request / has_unfinished_requests)
     stepped by a thread of this process (AsyncEngine).
@@ -50,7 +52,8 @@ def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model
                        sampling_params_cls=sampling_params_cls, served_model_names=names,
                        model_path=model_path, max_model_len=max_model_len, max_n=max_n,
                        metrics=metrics, api_key=api_key, chat_template=chat_template,
-                       limits=limits or ServerLimits(), default_sampling=dict(default_sampling or {}))
+                       limits=limits or ServerLimits(), default_sampling=dict(default_sampling or {}),
+                       chat_parsing=chat_parsing or ChatParsingOptions())
 
 
 def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_path: str = "") -> FastAPI:

@@ -9,6 +9,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
+from nv_engine.entrypoints.server.chat_output_plan import ChatOutputPlan
 from nv_engine.entrypoints.server.chat_template_sandbox import ChatTemplateSandbox
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
@@ -19,7 +21,6 @@ from nv_engine.entrypoints.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatMessage,
-    ChatResponseMessage,
     ChatStreamChoice,
     DeltaMessage,
     PromptTokensDetails,
@@ -40,6 +41,7 @@ from nv_engine.entrypoints.server.serving import (
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
 MAX_TOP_LOGPROBS = 20   # OpenAI's bound
+PROMPT_TAIL_TOKENS = 32  # the end of the prompt a reasoning parser looks at (the assistant turn's start)
 
 
 def _message_dict(i: int, msg: ChatMessage) -> dict:
@@ -52,6 +54,11 @@ def _message_dict(i: int, msg: ChatMessage) -> dict:
                                param=f"messages.{i}.content")
             texts.append(part["text"])
         d["content"] = "\n".join(texts)
+    for j, call in enumerate(msg.tool_calls or ()):   # templates read the arguments as an object
+        try:
+            d["tool_calls"][j] = call.template_dict()
+        except ValueError as exc:
+            raise APIError(str(exc), param=f"messages.{i}.tool_calls.{j}.function.arguments") from exc
     return d
 
 
@@ -82,6 +89,8 @@ async def render_chat_prompt(state: ServerState, req: ChatCompletionRequest | To
     kwargs = dict(req.chat_template_kwargs or {})
     template, field_name = _request_template(req)
     kwargs.pop("chat_template", None)
+    if req.tools:
+        kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in req.tools]
     add_generation_prompt = req.add_generation_prompt and not req.continue_final_message
     if template is not None:
         if not state.limits.trust_request_chat_template:
@@ -133,19 +142,22 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         raise APIError("prompt_logprobs is not supported with stream=true for chat completions.",
                        param="prompt_logprobs")
     state.check_request(req, 1)
+    plan = ChatOutputPlan(req, state.chat_parsing)
     ids = await render_chat_prompt(state, req, req.add_special_tokens)
     state.check_prompt(ids)
     if req.max_completion_tokens is not None:
         max_tokens = state.resolve_max_tokens(req.max_completion_tokens, len(ids), param="max_completion_tokens")
     else:
         max_tokens = state.resolve_max_tokens(req.max_tokens, len(ids))
-    params = state.build_sampling_params(req, max_tokens=max_tokens, logprobs=top_logprobs)
+    params = plan.constrain(state.build_sampling_params(req, max_tokens=max_tokens, logprobs=top_logprobs))
+    prompt_tail = state.tokenizer.decode(ids[-PROMPT_TAIL_TOKENS:])
     request_id = random_id("chatcmpl")
     try:
         stream = await state.engine.add_requests([(request_id, {"prompt_token_ids": ids}, params)])
     except Exception as exc:
         raise engine_error(exc) from exc
-    run = _ChatRun(state, req, model, request_id, len(ids), top_logprobs)
+    run = _ChatRun(state, req, model, request_id, len(ids), top_logprobs,
+                   {i: plan.output_parser(prompt_tail) for i in range(req.n)})
     if req.stream:
         return StreamingResponse(run.events(stream), media_type="text/event-stream")
     body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
@@ -154,12 +166,13 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
 
 class _ChatRun:
     def __init__(self, state: ServerState, req: ChatCompletionRequest, model: str, request_id: str,
-                 num_prompt_tokens: int, top_logprobs: int | None) -> None:
+                 num_prompt_tokens: int, top_logprobs: int | None, parsers: dict[int, ChatOutputParser]) -> None:
         self.req, self.model, self.id = req, model, request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.top_logprobs = top_logprobs
         self.fmt = LogprobFormatter(state.tokenizer)
         self.choices = {i: ChoiceState(i) for i in range(req.n)}
+        self.parsers = parsers   # per choice: reasoning and tool calls out of the text
         self.num_cached_tokens = 0
         self.prompt_logprobs: list[dict | None] | None = None
 
@@ -196,10 +209,12 @@ class _ChatRun:
     async def collect(self, stream: OutputStream) -> dict:
         async for outputs in stream:
             self._apply(outputs)
-        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                              logprobs=self._logprobs(c, 0, len(c.token_ids)),
-                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                   for c in self.choices.values()]
+        choices = []
+        for c in self.choices.values():
+            message = self.parsers[c.index].message(c.text)
+            choices.append(ChatChoice(index=c.index, message=message, logprobs=self._logprobs(c, 0, len(c.token_ids)),
+                                      finish_reason=self.parsers[c.index].finish_reason(c.finish_reason, message),
+                                      stop_reason=c.stop_reason))
         return ChatCompletionResponse(id=self.id, model=self.model, choices=choices, usage=self._usage(),
                                       prompt_logprobs=self.fmt.prompt(self.prompt_logprobs)).model_dump()
 
@@ -213,15 +228,18 @@ class _ChatRun:
                     c = self.choices[index]
                     if c.done:
                         continue
-                    delta, start, end = c.take_delta()
-                    if delta or start != end:
+                    _, start, end = c.take_delta()
+                    parser = self.parsers[index]
+                    deltas = parser.deltas(c.text, final=c.finish_reason is not None)
+                    if not deltas and start != end:   # logprobs of text a parser holds back
+                        deltas = [DeltaMessage(content="")]
+                    for k, delta in enumerate(deltas):
                         yield self._chunk(ChatStreamChoice(
-                            index=index, delta=DeltaMessage(content=delta),
-                            logprobs=self._logprobs(c, start, end)))
+                            index=index, delta=delta, logprobs=self._logprobs(c, start, end) if k == 0 else None))
                     if c.finish_reason is not None:
                         c.done = True
                         yield self._chunk(ChatStreamChoice(
-                            index=index, delta=DeltaMessage(), finish_reason=c.finish_reason,
+                            index=index, delta=DeltaMessage(), finish_reason=parser.finish_reason(c.finish_reason),
                             stop_reason=c.stop_reason))
             if self.req.include_usage:
                 yield self._chunk(None, usage=self._usage())

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from nv_engine.engine_args import EngineArgs
+from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.logging_config import configure_logging
 
@@ -32,6 +33,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-headers", type=json.loads, default=["*"], help="CORS headers (JSON list)")
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     ServerLimits.add_cli_arguments(p)
+    ChatParsingOptions.add_cli_arguments(p)
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     EngineArgs.add_cli_arguments(p)
@@ -73,6 +75,14 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
         raise SystemExit(f"nv serve: {exc}") from exc
 
 
+def chat_parsing_options(args: argparse.Namespace) -> ChatParsingOptions:
+    """The tool-call and reasoning options the command line set; bad ones end the command."""
+    try:
+        return ChatParsingOptions.from_cli_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"nv serve: {exc}") from exc
+
+
 def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
     from nv_engine.entrypoints.server.app import build_state, create_app
     from nv_engine.sampling_params import SamplingParams
@@ -83,7 +93,8 @@ def build_app_for_engine(engine: Any, args: argparse.Namespace) -> Any:
                         served_model_names=args.served_model_name or [args.model],
                         api_key=args.api_key or None, max_n=args.max_n, limits=server_limits(args),
                         chat_template=load_chat_template(getattr(args, "chat_template", None)),
-                        default_sampling=config.default_sampling_params())
+                        default_sampling=config.default_sampling_params(),
+                        chat_parsing=chat_parsing_options(args))
     cors = dict(allow_origins=getattr(args, "allowed_origins", ["*"]),
                 allow_methods=getattr(args, "allowed_methods", ["*"]),
                 allow_headers=getattr(args, "allowed_headers", ["*"]),
@@ -114,6 +125,7 @@ def run_server(args: argparse.Namespace) -> int:
     if args.max_n < 1:
         raise SystemExit("--max-n must be at least 1")
     server_limits(args)   # a bad limit fails before the (slow) engine start
+    chat_parsing_options(args)   # a bad tool-call / reasoning parser flag fails before the engine starts
     configure_logging()   # nv's INFO lines (engine setup, stats) on stderr; NV_LOGGING_LEVEL sets the level
     engine = create_async_llm(args.model, **engine_kwargs(args))
     app = build_app_for_engine(engine, args)

@@ -1,11 +1,12 @@
 """Request and response bodies of the OpenAI API (the subset nv serves), plus vLLM's extras."""
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -138,10 +139,66 @@ class CompletionRequest(SamplingRequest):
     add_special_tokens: bool = True
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")   # goes to the chat template as given
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None   # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    """One entry of `tools`: a function the model may call."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """tool_choice {"type": "function", "function": {"name": ...}}: that function must be called."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str   # a JSON object, as text
+
+
+class ToolCall(BaseModel):
+    """A call the assistant made (in a response, and in the history a client sends back)."""
+
+    id: str = Field(default_factory=lambda: random_tool_call_id())
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def template_dict(self) -> dict[str, Any]:
+        """The call as chat templates read it: arguments as an object (they write it with tojson).
+        Raises ValueError when the arguments are not a JSON object."""
+        try:
+            arguments = json.loads(self.function.arguments)
+        except ValueError as exc:
+            raise ValueError(f"function.arguments is not valid JSON: {exc}") from exc
+        if not isinstance(arguments, dict):
+            raise ValueError("function.arguments must be a JSON object")
+        return {"id": self.id, "type": self.type, "function": {"name": self.function.name, "arguments": arguments}}
+
+
+def random_tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")   # name, tool_calls, ... go to the template as given
+    model_config = ConfigDict(extra="allow")   # name, reasoning, ... go to the template as given
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None   # an assistant's calls
+    tool_call_id: str | None = None            # a tool message: the call it answers
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -154,6 +211,8 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     add_special_tokens: bool = False   # the template writes them
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
 
 class TokenizeRequest(BaseModel):
@@ -168,6 +227,7 @@ class TokenizeRequest(BaseModel):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -262,9 +322,24 @@ class ChatLogprobs(BaseModel):
     content: list[ChatLogprobToken] | None = None
 
 
-class ChatResponseMessage(BaseModel):
+class OmitsNone(BaseModel):
+    """A body whose fields named in `omit_if_none` are left out while None (OpenAI leaves them out)."""
+
+    omit_if_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_nones(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None or k not in self.omit_if_none}
+
+
+class ChatResponseMessage(OmitsNone):
+    omit_if_none = frozenset({"reasoning", "reasoning_content", "tool_calls"})
     role: str = "assistant"
     content: str | None = None
+    reasoning: str | None = None           # --reasoning-parser: the model's reasoning (vLLM's field)
+    reasoning_content: str | None = None   # the same, under the older name
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -281,9 +356,30 @@ class ChatCompletionResponse(ResponseEnvelope):
     prompt_logprobs: PromptLogprobs | None = None
 
 
-class DeltaMessage(BaseModel):
+class DeltaFunctionCall(OmitsNone):
+    omit_if_none = frozenset({"name", "arguments"})
+    name: str | None = None
+    arguments: str | None = None   # the next fragment of the arguments text
+
+
+class DeltaToolCall(OmitsNone):
+    """A streamed tool call: the first delta of a call carries its id, type and name (arguments ""),
+    later ones the next fragment of the arguments; `index` says which call."""
+
+    omit_if_none = frozenset({"id", "type"})
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+class DeltaMessage(OmitsNone):
+    omit_if_none = frozenset({"reasoning", "reasoning_content", "tool_calls"})
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -72,8 +72,9 @@ _FIELDS: list[RequestField] = [
       for n in ("metadata", "prompt_cache_key", "safety_identifier")],
     *_default_only("store", False, endpoints=_CHAT),
     *_default_only("parallel_tool_calls", True, endpoints=_CHAT),
-    *_default_only("tools functions", [], endpoints=_CHAT),
-    *_default_only("tool_choice function_call", "none", endpoints=_CHAT),
+    *_honoured("tools tool_choice", _CHAT),
+    *_default_only("functions", [], endpoints=_CHAT),          # the deprecated spelling of tools
+    *_default_only("function_call", "none", endpoints=_CHAT),
     *_honoured("response_format"),
     *_default_only("modalities", ["text"], endpoints=_CHAT),
     *_default_only("service_tier", "auto", "default", endpoints=_CHAT),

@@ -11,6 +11,7 @@ from typing import Any
 
 from nv_engine.async_llm import AsyncLLM
 from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.limits import ServerLimits
@@ -51,6 +52,8 @@ class ServerState:
     # the checkpoint's generation-config sampling defaults (EngineConfig.default_sampling_params):
     # temperature, top_p, top_k, min_p, repetition_penalty for requests that leave them unset
     default_sampling: dict[str, float | int] = field(default_factory=dict)
+    # --enable-auto-tool-choice, --tool-call-parser, --reasoning-parser
+    chat_parsing: ChatParsingOptions = field(default_factory=ChatParsingOptions)
 
     @property
     def model_name(self) -> str:
