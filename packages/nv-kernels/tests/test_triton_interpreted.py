@@ -121,7 +121,6 @@ def test_cpu_tensors_need_the_interpreter(kernels: dict, monkeypatch: pytest.Mon
 
 
 # ---- FP8 KV cache: the Triton kernels against the torch reference on the same FP8 cache ------------------
-FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 def _fp8_batch(b: PagedBatch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -131,11 +130,11 @@ def _fp8_batch(b: PagedBatch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     return quantize(b.k_cache, k_scale, dtype), quantize(b.v_cache, v_scale, dtype), k_scale, v_scale
 
 
-@pytest.mark.parametrize("dtype", FP8_DTYPES)
-@pytest.mark.parametrize("block_size,num_splits", [(4, 1), (16, 4), (1, 3)])
+@pytest.mark.parametrize("dtype,block_size,num_splits", [(torch.float8_e4m3fn, 4, 1), (torch.float8_e4m3fn, 16, 4),
+                                                        (torch.float8_e5m2, 1, 3)])
 def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype, block_size: int,
                                       num_splits: int) -> None:
-    seq_lens = [1, 37, 16, 70, 5]
+    seq_lens = [1, 37, 16, 5]
     b = _batch(seq_lens, [1] * len(seq_lens), (4, 2), block_size, seed=block_size + 11)
     k_cache, v_cache, k_scale, v_scale = _fp8_batch(b, dtype)
     out = kernels["decode"].decode_attention(b.q, k_cache, v_cache, b.seq_lens, b.block_tables, max_seqlen_k=128,
@@ -149,12 +148,11 @@ def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torc
     assert relative_error(ref, dense) < TOL
 
 
-@pytest.mark.parametrize("dtype", FP8_DTYPES)
-@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("dtype,block_size", [(torch.float8_e4m3fn, 16), (torch.float8_e5m2, 1)])
 def test_fp8_store_then_prefill_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype,
                                                   block_size: int) -> None:
     hq, hkv, d = 8, 2, 16
-    b = _batch([6, 40, 23, 7], [6, 40, 5, 1], (hq, hkv), block_size, seed=block_size + 3)
+    b = _batch([6, 20, 13, 7], [6, 20, 5, 1], (hq, hkv), block_size, seed=block_size + 3)
     k_cache, v_cache, _, _ = _fp8_batch(b, dtype)
     k_scale, v_scale = torch.tensor([0.25]), torch.tensor([2.0 ** -9])   # powers of two: x / scale is exact
     # New K/V: FP8 values (subnormals included) times the scale, so the store rounds nothing (the
