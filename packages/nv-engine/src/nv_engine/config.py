@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 import torch
+
 from nv_kernels.kv_quant import FP8_KV_CACHE_DTYPES
 
 logger = logging.getLogger(__name__)
