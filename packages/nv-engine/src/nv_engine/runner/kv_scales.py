@@ -57,8 +57,10 @@ class KVScaleSetter:
     @torch.inference_mode()
     def _calibrate(self, layers: Sequence[Attention], run_model: Callable[[torch.Tensor, torch.Tensor], object]) -> int:
         config, dev = self.config, self.device
-        seq_len = min(CALIBRATION_SEQ_LEN, config.max_model_len, config.max_num_batched_tokens)
-        num_seqs = max(1, min(CALIBRATION_SEQS, config.max_num_batched_tokens // seq_len))
+        # The batch depends on the checkpoint only (not on max_model_len or the step budget): engines with
+        # other limits get the same scales, so their outputs stay comparable token for token.
+        max_positions = int(getattr(config.hf_config, "max_position_embeddings", 0) or CALIBRATION_SEQ_LEN)
+        seq_len, num_seqs = min(CALIBRATION_SEQ_LEN, max_positions), CALIBRATION_SEQS
         vocab = int(config.hf_config.vocab_size)
         gen = torch.Generator().manual_seed(CALIBRATION_SEED)
         ids = torch.randint(0, vocab, (num_seqs, seq_len), generator=gen)             # [S, L]
