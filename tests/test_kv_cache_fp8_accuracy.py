@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,8 @@ def _perplexity(model_dir: Path, chunks: list[list[int]], **kwargs) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("NV_FP8_PERPLEXITY") != "1",
+                    reason="2 x 20,000 prompt tokens: minutes on 2 CPU cores; set NV_FP8_PERPLEXITY=1")
 @pytest.mark.xfail(strict=True, reason="measured +1.9% on the first 3,000 tokens (13.39 -> 13.64)")
 def test_perplexity_close_to_the_default(smollm2_dir: Path) -> None:
     from transformers import AutoTokenizer
