@@ -1,7 +1,9 @@
 """The headline workload through the `LLM` API, twice in one process: run 1 is the first timed run after the
 engine starts (no warm-up: what a user's first batch sees), run 2 the second. Prints one JSON line.
 
-    python3 scripts/headline_runs.py TAG [SHAPE] [NUM_PROMPTS]
+    python3 scripts/headline_runs.py TAG [SHAPE] [NUM_PROMPTS] [KV_CACHE_DTYPE]
+
+KV_CACHE_DTYPE: "auto" (default) or "fp8" / "fp8_e5m2" (the FP8 KV cache).
 
 Run it with every package's src dir on PYTHONPATH (scripts/compare_trees.sh does, for two trees). It also
 imports the module paths of trees from before nv-engine's entrypoints/ and checkpoints/ layout, so an old
@@ -30,12 +32,15 @@ def main() -> None:
     tag = sys.argv[1]
     shape = sys.argv[2] if len(sys.argv) > 2 else "qwen3-0.6b"
     num_prompts = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+    kv_cache_dtype = sys.argv[4] if len(sys.argv) > 4 else "auto"
     model = str(nv_cache_dir() / f"bench-random-{shape}-bf16")
     if not (Path(model) / "model.safetensors").exists():
         write_random_checkpoint(model, shape, dtype="bfloat16")
     started = time.perf_counter()
-    llm = LLM(model, max_model_len=4096)
-    result: dict[str, float | str] = {"tag": tag, "start_s": time.perf_counter() - started}
+    kv_kwargs = {} if kv_cache_dtype == "auto" else {"kv_cache_dtype": kv_cache_dtype}   # old trees lack it
+    llm = LLM(model, max_model_len=4096, **kv_kwargs)
+    result: dict[str, float | str] = {"tag": tag, "kv_cache_dtype": kv_cache_dtype,
+                                      "start_s": time.perf_counter() - started}
     vocab = llm.config.hf_config.vocab_size
     work = make_workload(num_prompts, (100, 1024), (100, 1024), max_token_id=min(10000, vocab - 1))
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in work.max_tokens]

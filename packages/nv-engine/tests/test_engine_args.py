@@ -92,7 +92,8 @@ def test_llm_rejects_an_unknown_keyword_listing_the_accepted_ones(tiny_model_dir
 # vLLM keyword -> a value nv accepts with vLLM's meaning
 ACCEPTED = [("trust_remote_code", False), ("revision", "main"), ("download_dir", "/tmp/x"),
             ("hf_token", "hf_x"), ("tokenizer_revision", "main"), ("quantization", None),
-            ("kv_cache_dtype", "auto"), ("enable_chunked_prefill", True), ("swap_space", 0),
+            ("kv_cache_dtype", "auto"), ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", "fp8_e5m2"),
+            ("calculate_kv_scales", True), ("enable_chunked_prefill", True), ("swap_space", 0),
             ("cpu_offload_gb", 0), ("speculative_config", None), ("enable_lora", False),
             ("max_lora_rank", 8), ("generation_config", "vllm"), ("max_logprobs", 5),
             ("pipeline_parallel_size", 1), ("distributed_executor_backend", "mp"),
@@ -100,8 +101,8 @@ ACCEPTED = [("trust_remote_code", False), ("revision", "main"), ("download_dir",
             ("max_seq_len_to_capture", 4096), ("enforce_eager", True), ("seed", 7),
             ("tokenizer_mode", "auto"), ("disable_custom_all_reduce", True)]
 # vLLM keyword -> a value nv refuses (ValueError naming the keyword)
-REFUSED = [("trust_remote_code", True), ("quantization", "awq"), ("kv_cache_dtype", "fp8"),
-           ("kv_cache_dtype", "fp8_e5m2"), ("kv_cache_dtype", "int3"), ("cpu_offload_gb", 4),
+REFUSED = [("trust_remote_code", True), ("quantization", "awq"), ("kv_cache_dtype", "fp8_e4m3fn"),
+           ("kv_cache_dtype", "int3"), ("cpu_offload_gb", 4),
            ("speculative_config", {"method": "ngram"}), ("enable_lora", True),
            ("generation_config", "/no/such/folder"), ("max_logprobs", 10_000),
            ("pipeline_parallel_size", 2), ("distributed_executor_backend", "ray"),
@@ -123,8 +124,8 @@ def test_vllm_keyword_refused_with_its_name(tiny_model_dir, name, value):
 def test_refusals_say_what_to_use_instead():
     with pytest.raises(ValueError, match="never runs code from a checkpoint"):
         EngineArgs(model="m", trust_remote_code=True)
-    with pytest.raises(ValueError, match="not supported yet"):
-        EngineArgs(model="m", kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8, fp8_e4m3, fp8_e5m2"):
+        EngineArgs(model="m", kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="use 'mp'"):
         EngineArgs(model="m", distributed_executor_backend="ray")
 

@@ -17,6 +17,8 @@ import torch
 import nv_kernels
 from nv_kernels.fused_dispatch import fused_ops, interpreted_copy
 from nv_kernels.fused_rope import qk_norm_rope_torch
+from nv_kernels.kv_quant import quantize
+from nv_kernels.testing import relative_error
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -158,6 +160,59 @@ def test_cpu_dispatch_runs_the_torch_path() -> None:
             got = run(nv_kernels.qk_norm_rope, c, 16, 16, True, True, True)
         want = run(qk_norm_rope_torch, c, 16, 16, True, True, True)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def run_fp8(fn: Any, c: Case, head_dim: int, fp8: torch.dtype, scales: tuple[torch.Tensor, torch.Tensor]):
+    """Norm + rope + store into FP8 caches (start: quantized sentinel) -> (k out, k cache, v cache)."""
+    k_cache = quantize(c.k_cache, scales[0], fp8)
+    v_cache = quantize(c.v_cache, scales[1], fp8)
+    _, k, _ = fn(c.q, c.k, c.v, c.positions, c.cos_sin, head_dim=head_dim, rotary_dim=head_dim,
+                 q_weight=c.q_weight, k_weight=c.k_weight, k_cache=k_cache, v_cache=v_cache, slot_mapping=c.slots,
+                 k_scale=scales[0], v_scale=scales[1])
+    return k, k_cache, v_cache
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_fp8_store(interp: ModuleType, poisoned: None, fp8: torch.dtype, dtype: torch.dtype) -> None:
+    """The stored codes are quantize(k after norm + rope) and quantize(v). The interpreter's own FP8 rounding
+    is inexact (no carry into the exponent, truncated subnormals): codes may differ by one step here; the
+    GPU test holds them equal."""
+    c = make_case(7, 4, 2, 16, 16, dtype, block_size=4, seed=21)
+    scales = (torch.tensor([0.01]), torch.tensor([0.004]))   # |x| up to ~8: some clamp at +-max * scale
+    k, k_cache, v_cache = run_fp8(interp.qk_norm_rope_triton, c, 16, fp8, scales)
+    rk, rk_cache, rv_cache = run_fp8(qk_norm_rope_torch, c, 16, fp8, scales)
+    check_close(k, rk)
+    for got, want, scale in ((k_cache, rk_cache, scales[0]), (v_cache, rv_cache, scales[1])):
+        assert (got.view(torch.uint8) == want.view(torch.uint8)).float().mean() > 0.8
+        assert relative_error(got.float() * scale, want.float() * scale) < 0.1
+
+
+def test_fp8_store_needs_scales(interp: ModuleType) -> None:
+    c = make_case(2, 4, 2, 16, 16, torch.float32)
+    fp8_cache = c.k_cache.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="needs k_scale"):
+        interp.qk_norm_rope_triton(c.q, c.k, c.v, c.positions, c.cos_sin, head_dim=16, rotary_dim=16,
+                                   k_cache=fp8_cache, v_cache=fp8_cache.clone(), slot_mapping=c.slots)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("num_tokens", [1, 8192])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp8_store_matches_torch(monkeypatch: pytest.MonkeyPatch, fp8: torch.dtype, num_tokens: int) -> None:
+    from nv_kernels import fused_rope
+
+    monkeypatch.setattr(fused_rope, "_empty", nan_empty)
+    c = make_case(num_tokens, 16, 8, 128, 128, torch.bfloat16, block_size=64, device="cuda", seed=num_tokens)
+    scales = (torch.tensor([0.01], device="cuda"), torch.tensor([0.004], device="cuda"))
+    k, k_cache, v_cache = run_fp8(fused_rope.qk_norm_rope_triton, c, 128, fp8, scales)
+    rk, rk_cache, rv_cache = run_fp8(qk_norm_rope_torch, c, 128, fp8, scales)
+    check_close(k, rk, min_exact=0.98)
+    for got, want in ((k_cache, rk_cache), (v_cache, rv_cache)):
+        g, w = got.view(torch.uint8).long(), want.view(torch.uint8).long()
+        assert (g == w).float().mean() > 0.98      # k rounds from k's bf16 value, which may differ by an ulp
+        assert ((g - w).abs() <= 1).all()
 
 
 GPU_CASES = [(16, 8, 128, 128), (32, 8, 128, 128), (32, 8, 64, 64), (64, 8, 128, 128), (16, 8, 128, 64)]

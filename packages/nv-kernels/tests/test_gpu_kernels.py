@@ -106,3 +106,84 @@ def test_decode_in_cuda_graph_with_zero_length_rows() -> None:
                      max_seqlen_k=4096, scale=0.1)
     live = new_lens > 0
     assert relative_error(out[live], ref[live]) < TOL[case[4]]
+
+
+# ---- FP8 KV cache at real shapes: Triton against the torch reference on the same FP8 cache ---------------
+FP8_CASES = [(16, 8, 128, bs, torch.bfloat16, fp8) for bs in (16, 64, 256) for fp8 in (torch.float8_e4m3fn,)]
+FP8_CASES += [(16, 8, 128, 64, torch.bfloat16, torch.float8_e5m2), (32, 4, 64, 16, torch.float16, torch.float8_e4m3fn)]
+
+
+def _fp8_codes_match(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal FP8 bytes but for rare one-code differences (Triton's fp32 division may differ from torch's
+    by an ulp, which can flip a rounding)."""
+    g, w = got.view(torch.uint8).long(), want.view(torch.uint8).long()
+    assert (g == w).float().mean().item() > 0.999
+    assert ((g - w).abs() <= 1).all()
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=str)
+def test_fp8_store_decode_prefill(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nv_kernels import get_backend
+    from nv_kernels.kv_quant import quantize
+    from nv_kernels.triton_decode import decode_attention
+
+    _poison_workspaces(monkeypatch)
+    hq, hkv, d, bs, dtype, fp8 = case
+    q_lens = [1, 2, 15, 1, 17, 100, 200, 256, 1, 1000, 700, 512]
+    b = _batch(q_lens, case[:5], seed=bs + 5)
+    k_scale = torch.tensor([0.012], device="cuda")   # N(0, 1) keys: max |k| / k_scale ~ 400 < 448
+    v_scale = torch.tensor([0.004], device="cuda")   # values: some clamp at +-448 * v_scale
+    k_cache, v_cache = quantize(b.k_cache, k_scale, fp8), quantize(b.v_cache, v_scale, fp8)  # NaN slots stay NaN
+    b.k_cache = b.v_cache = torch.empty(0)   # free the source caches (large at NUM_BLOCKS)
+    backend = get_backend("triton", "cuda")
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
+    new_k = torch.randn(len(b.slot_mapping), hkv, d, device="cuda", dtype=dtype)
+    new_v = torch.randn_like(new_k)
+    slots = b.slot_mapping.clone()
+    slots[::7] = -1
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    REF.store_kvcache(new_k, new_v, k_ref, v_ref, slots, **scales)
+    backend.store_kvcache(new_k, new_v, k_cache, v_cache, slots, **scales)
+    _fp8_codes_match(k_cache, k_ref)
+    _fp8_codes_match(v_cache, v_ref)
+    del k_ref, v_ref
+    kw = dict(cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, block_tables=b.block_tables,
+              max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, scale=d ** -0.5, **scales)
+    out = backend.prefill(b.q, k_cache, v_cache, **kw)
+    assert relative_error(out, REF.prefill(b.q, k_cache, v_cache, **kw)) < TOL[dtype]
+    q = b.q[b.cu_seqlens_q[1:].long() - 1].contiguous()  # each sequence's last query as a decode row
+    ref = REF.decode(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=4096,
+                     scale=d ** -0.5, **scales)
+    for splits in (None, 1):   # the default (several splits here) and one split
+        out = decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, 4096, d ** -0.5, num_splits=splits,
+                               **scales)
+        assert relative_error(out, ref) < TOL[dtype], splits
+
+
+def test_fp8_decode_in_cuda_graph_reads_scales_at_replay() -> None:
+    """The scales are read from device memory: a captured graph sees the values at replay."""
+    from nv_kernels import get_backend
+    from nv_kernels.kv_quant import quantize
+
+    case = (16, 8, 128, 64, torch.bfloat16)
+    b = _batch([1] * len(CONTEXTS), case, seed=9)
+    k_scale, v_scale = torch.tensor([0.02], device="cuda"), torch.tensor([0.02], device="cuda")
+    k_cache = quantize(b.k_cache, k_scale, torch.float8_e4m3fn)
+    v_cache = quantize(b.v_cache, v_scale, torch.float8_e4m3fn)
+    backend = get_backend("triton", "cuda")
+
+    def step() -> torch.Tensor:
+        return backend.decode(b.q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+                              max_seqlen_k=4096, scale=0.1, k_scale=k_scale, v_scale=v_scale)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    k_scale.fill_(0.01)
+    v_scale.fill_(0.05)
+    graph.replay()
+    ref = REF.decode(b.q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=4096,
+                     scale=0.1, k_scale=k_scale, v_scale=v_scale)
+    assert relative_error(out, ref) < TOL[case[4]]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from nv_kernels.kv_quant import dequantize, quantize
 from nv_kernels.testing import PagedBatch, interpreted_triton_modules, random_paged_batch, relative_error
 from nv_kernels.torch_backend import TorchBackend
 
@@ -117,3 +118,70 @@ def test_cpu_tensors_need_the_interpreter(kernels: dict, monkeypatch: pytest.Mon
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         kernels["backend"].TritonBackend().decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens,
                                                   block_tables=b.block_tables, max_seqlen_k=4, scale=1.0)
+
+
+# ---- FP8 KV cache: the Triton kernels against the torch reference on the same FP8 cache ------------------
+
+
+def _fp8_batch(b: PagedBatch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's caches quantized (NaN slots stay NaN) and their scales (amax / 200, as calibration)."""
+    k_scale = (b.k_cache.nan_to_num().abs().amax() / 200).reshape(1).float()
+    v_scale = torch.tensor([0.02])  # V values ~N(0, 1): many clamp at +-max * 0.02, exercising saturation
+    return quantize(b.k_cache, k_scale, dtype), quantize(b.v_cache, v_scale, dtype), k_scale, v_scale
+
+
+@pytest.mark.parametrize("dtype,block_size,num_splits", [(torch.float8_e4m3fn, 4, 1), (torch.float8_e4m3fn, 16, 4),
+                                                        (torch.float8_e5m2, 1, 3)])
+def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype, block_size: int,
+                                      num_splits: int) -> None:
+    seq_lens = [1, 37, 16, 5]
+    b = _batch(seq_lens, [1] * len(seq_lens), (4, 2), block_size, seed=block_size + 11)
+    k_cache, v_cache, k_scale, v_scale = _fp8_batch(b, dtype)
+    out = kernels["decode"].decode_attention(b.q, k_cache, v_cache, b.seq_lens, b.block_tables, max_seqlen_k=128,
+                                             scale=0.25, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
+    ref = REF.decode(b.q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=128,
+                     scale=0.25, k_scale=k_scale, v_scale=v_scale)
+    assert relative_error(out, ref) < TOL
+    # the reference reads fp8 * scale: the same as attending over the dequantized float cache
+    dense = REF.decode(b.q, dequantize(k_cache, k_scale), dequantize(v_cache, v_scale), seq_lens=b.seq_lens,
+                       block_tables=b.block_tables, max_seqlen_k=128, scale=0.25)
+    assert relative_error(ref, dense) < TOL
+
+
+@pytest.mark.parametrize("dtype,block_size", [(torch.float8_e4m3fn, 16), (torch.float8_e5m2, 1)])
+def test_fp8_store_then_prefill_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype,
+                                                  block_size: int) -> None:
+    hq, hkv, d = 8, 2, 16
+    b = _batch([6, 20, 13, 7], [6, 20, 5, 1], (hq, hkv), block_size, seed=block_size + 3)
+    k_cache, v_cache, _, _ = _fp8_batch(b, dtype)
+    k_scale, v_scale = torch.tensor([0.25]), torch.tensor([2.0 ** -9])   # powers of two: x / scale is exact
+    # New K/V: FP8 values (subnormals included) times the scale, so the store rounds nothing (the
+    # interpreter's own FP8 rounding is inexact; the GPU test checks rounding), and some beyond the range.
+    gen = torch.Generator().manual_seed(2)
+    shape = (b.q.shape[0] + 1, hkv, d)
+    codes = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).view(dtype).float().nan_to_num(0.0)
+    over = torch.rand(shape, generator=gen) < 0.1
+    key = torch.where(over, 1e4 * codes.sign(), codes) * k_scale         # 10 %: clamped to +-max
+    value = codes * v_scale
+    slots = torch.cat([b.slot_mapping, torch.tensor([-1])])
+    backend = kernels["backend"].TritonBackend()
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    REF.store_kvcache(key, value, k_ref, v_ref, slots, k_scale=k_scale, v_scale=v_scale)
+    backend.store_kvcache(key, value, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale)
+    assert torch.equal(k_cache.view(torch.uint8), k_ref.view(torch.uint8))   # the same bytes, NaN slots too
+    assert torch.equal(v_cache.view(torch.uint8), v_ref.view(torch.uint8))
+    kw = dict(cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, block_tables=b.block_tables,
+              max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, scale=0.3, k_scale=k_scale, v_scale=v_scale)
+    out = backend.prefill(b.q, k_cache, v_cache, **kw)
+    assert relative_error(out, REF.prefill(b.q, k_ref, v_ref, **kw)) < TOL
+
+
+def test_fp8_cache_without_scales_is_refused(kernels: dict) -> None:
+    b = _batch([3], [1], (2, 2), 4)
+    k_cache, v_cache, k_scale, _ = _fp8_batch(b, torch.float8_e4m3fn)
+    backend = kernels["backend"].TritonBackend()
+    with pytest.raises(ValueError, match="needs v_scale"):
+        backend.decode(b.q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=4,
+                       scale=1.0, k_scale=k_scale)
+    with pytest.raises(ValueError, match="needs k_scale"):
+        REF.store_kvcache(b.q[:, :2], b.q[:, :2], k_cache, v_cache, b.slot_mapping)

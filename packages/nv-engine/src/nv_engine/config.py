@@ -9,6 +9,7 @@ from typing import Any, TypedDict, cast
 import torch
 
 from nv_engine.kv_events import KVEventsConfig
+from nv_kernels.kv_quant import FP8_KV_CACHE_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +17,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_BLOCK_SIZE = 64   # measured on the H200: BENCHMARKS.md (headline +14% over 16)
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+# kv_cache_dtype values: "auto" keeps the model dtype; the rest are FP8 (nv_kernels.kv_quant).
+KV_CACHE_DTYPES = ("auto", *FP8_KV_CACHE_DTYPES)
 # Used only when the checkpoint's config names no context length.
 FALLBACK_MAX_MODEL_LEN = 4096
 
@@ -64,6 +67,8 @@ class EngineConfig:
     disable_log_stats: bool = False
     disable_custom_all_reduce: bool = False      # TP: NCCL for every all-reduce
     kv_events_config: KVEventsConfig | None = None   # KV-cache events for routers; None: off
+    kv_cache_dtype: str = "auto"                 # "auto" (the model dtype) or an FP8 name (KV_CACHE_DTYPES)
+    calculate_kv_scales: bool | None = None      # FP8: True calibrate, False checkpoint or 1.0, None either
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:
@@ -79,6 +84,9 @@ class EngineConfig:
         if not (isinstance(self.gpu_memory_utilization, (int, float))
                 and 0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                             f"{self.kv_cache_dtype!r}")
         if self.num_gpu_blocks_override is not None:
             positive_int("num_gpu_blocks_override")
         if self.tensor_parallel_size > 1 and self.device.startswith("cuda"):
@@ -107,6 +115,11 @@ class EngineConfig:
                  "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
         return cast(SamplingDefaults, {ours: generation[theirs] for theirs, ours in names.items()
                                        if generation.get(theirs) is not None})
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's element dtype: the model dtype for "auto", else the FP8 dtype."""
+        return FP8_KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.dtype)
 
     @property
     def is_cuda(self) -> bool:

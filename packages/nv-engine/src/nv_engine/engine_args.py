@@ -21,6 +21,7 @@ from nv_engine.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
+    KV_CACHE_DTYPES,
     EngineConfig,
     resolve_device,
     resolve_dtype,
@@ -81,7 +82,13 @@ class EngineArgs:
     gpu_memory_utilization: float = _arg(0.9, "fraction of GPU memory for weights, activations and the KV "
                                          "cache", type=float)
     block_size: int | None = _arg(None, f"tokens per KV-cache block (default {DEFAULT_BLOCK_SIZE})", type=int)
-    kv_cache_dtype: str = _arg("auto", "KV-cache dtype; only 'auto' (the model dtype) for now")
+    kv_cache_dtype: str = _arg("auto", "KV-cache dtype: 'auto' (the model dtype), 'fp8' (= 'fp8_e4m3') or "
+                               "'fp8_e5m2' (half the bytes: twice the cached tokens, faster decode; scales from "
+                               "the checkpoint, else calibrated at start)",
+                               choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
+    calculate_kv_scales: bool | None = _arg(
+        None, "FP8 KV cache: on: calibrate the K/V scales at start; off: the checkpoint's k_scale/v_scale, "
+        "else 1.0; unset: the checkpoint's, else calibrated", type=bool)
     num_gpu_blocks_override: int | None = _arg(None, "fixed KV-cache size in blocks (tests, debugging)",
                                                type=int)
     enable_prefix_caching: bool = _arg(True, "reuse the KV cache of shared prompt prefixes", type=bool)
@@ -139,11 +146,9 @@ class EngineArgs:
         for name, (refused, why) in refusals.items():
             if refused:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not supported: {why}")
-        if self.kv_cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported yet: the KV cache "
-                             "is kept in the model dtype; use 'auto'")
-        if self.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype must be 'auto', got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                             f"{self.kv_cache_dtype!r}")
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
                 or not 0 <= self.max_logprobs <= MAX_LOGPROBS:
             raise ValueError(f"max_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.max_logprobs!r}")
@@ -241,6 +246,7 @@ class EngineArgs:
             tokenizer=tokenizer, async_scheduling=self.async_scheduling,
             generation_config=generation_config, max_logprobs=self.max_logprobs,
             disable_log_stats=bool(self.disable_log_stats),
-            disable_custom_all_reduce=bool(self.disable_custom_all_reduce), kv_events_config=kv_events_config)
+            disable_custom_all_reduce=bool(self.disable_custom_all_reduce), kv_events_config=kv_events_config,
+            kv_cache_dtype=self.kv_cache_dtype, calculate_kv_scales=self.calculate_kv_scales)
         config.validate()
         return config

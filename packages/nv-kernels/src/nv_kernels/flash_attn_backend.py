@@ -9,7 +9,13 @@ from flash_attn import (  # pyright: ignore[reportMissingImports] - optional, CU
 from torch import Tensor
 
 from nv_kernels.interface import check_query, check_store
+from nv_kernels.kv_quant import is_fp8
 from nv_kernels.triton_store import store_kvcache as triton_store_kvcache
+
+
+def _refuse_fp8(k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> None:
+    if is_fp8(k_cache.dtype) or k_scale is not None or v_scale is not None:
+        raise ValueError("the flash_attn backend cannot read nv's FP8 KV cache; use the triton backend")
 
 
 class FlashAttnBackend:
@@ -18,14 +24,17 @@ class FlashAttnBackend:
     name = "flash_attn"
 
     def store_kvcache(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, *,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> None:
+        _refuse_fp8(k_cache, k_scale, v_scale)
         check_store(key, value, k_cache, v_cache, slot_mapping)
         triton_store_kvcache(key, value, k_cache, v_cache, slot_mapping)
 
     def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, cu_seqlens_q: Tensor,
                 seq_lens: Tensor, block_tables: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                scale: float) -> Tensor:
+                scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
+        _refuse_fp8(k_cache, k_scale, v_scale)
         check_query(q, k_cache, v_cache)
         cu_seqlens_k = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=q.device)
         cu_seqlens_k[1:] = seq_lens.cumsum(0)
@@ -35,7 +44,9 @@ class FlashAttnBackend:
                                       block_table=block_tables)
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor,
-               block_tables: Tensor, max_seqlen_k: int, scale: float) -> Tensor:
+               block_tables: Tensor, max_seqlen_k: int, scale: float, k_scale: Tensor | None = None,
+               v_scale: Tensor | None = None) -> Tensor:
+        _refuse_fp8(k_cache, k_scale, v_scale)
         check_query(q, k_cache, v_cache)
         out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=seq_lens,
                                       block_table=block_tables, softmax_scale=scale, causal=True)

@@ -5,7 +5,8 @@ One program per token: it reads the token's q, k (and v) heads straight out of t
 first `rotary_dim` dims NeoX style (rotate_half, as HF's Qwen3 / Llama) with cos/sin looked up in the
 rotary module's [P, rotary_dim] table (cos | sin halves; every rope scaling type only changes that
 table), writes contiguous q / k / v, and optionally scatters k and v into the paged cache
-[NB, BS, Hkv, D] at slot_mapping[t] (slot < 0: skip), as the backends' store_kvcache would.
+[NB, BS, Hkv, D] at slot_mapping[t] (slot < 0: skip), as the backends' store_kvcache would (an FP8
+cache gets clamp(x / scale) rounded, nv_kernels.kv_quant's rule, from the rounded k / v).
 Numerics: the norm as HF (fp32, cast to the dtype, times the weight, cast), then the rotation in fp32
 on that rounded value, rounded once -- the same as nv_layers' torch path.
 Only builtins and this module's jit helpers inside the kernels (see fused_norm's note).
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled, next_power_of_2, triton_jit
 from nv_kernels.fused_norm import rms_norm_torch
+from nv_kernels.kv_quant import check_scales, fp8_max, is_fp8, quantize
 
 try:
     import triton.language as tl
@@ -36,11 +38,21 @@ def _add(a, b):
 
 
 @triton_jit
+def _to_cache(x, scale_ptr, FP8_MAX: tl.constexpr, dtype: tl.constexpr):
+    """x -> the cache dtype: clamp(x / scale) rounded for an FP8 cache (FP8_MAX > 0), else a cast."""
+    if FP8_MAX > 0:
+        y = x.to(tl.float32) / tl.load(scale_ptr)
+        y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+        return y.to(dtype, fp_downcast_rounding="rtne")
+    return x.to(dtype)
+
+
+@triton_jit
 def _norm_rope_heads(
     IN, stride_it, stride_ih, OUT, stride_ot, W, t, cos, sin, eps, CACHE, stride_cb, stride_cs, stride_ch,
-    slot, N_HEADS, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    slot, SCALE, N_HEADS, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_TAIL: tl.constexpr, STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr, H_PAD: tl.constexpr,
-    HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     h = tl.arange(0, H_PAD)[:, None]                                        # [H, 1]
     i = tl.arange(0, HALF_PAD)[None, :]                                     # [1, HALF]
@@ -74,21 +86,23 @@ def _norm_rope_heads(
     if STORE:
         cdst = CACHE + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch
         keep = tl.full([H_PAD, HALF_PAD], 0, tl.int64) + slot >= 0         # the interpreter wants tile masks
-        tl.store(cdst + i, out_lo.to(CACHE.dtype.element_ty), mask=m & keep)
-        tl.store(cdst + HALF + i, out_hi.to(CACHE.dtype.element_ty), mask=m & keep)
+        ty = CACHE.dtype.element_ty
+        tl.store(cdst + i, _to_cache(out_lo, SCALE, FP8_MAX, ty), mask=m & keep)
+        tl.store(cdst + HALF + i, _to_cache(out_hi, SCALE, FP8_MAX, ty), mask=m & keep)
         if HAS_TAIL:
             keep_t = tl.full([H_PAD, TAIL_PAD], 0, tl.int64) + slot >= 0
-            tl.store(cdst + j, tail.to(CACHE.dtype.element_ty), mask=mt & keep_t)
+            tl.store(cdst + j, _to_cache(tail.to(OUT.dtype.element_ty), SCALE, FP8_MAX, ty), mask=mt & keep_t)
 
 
 @triton_jit
 def _qk_norm_rope_kernel(
-    Q, K, V, POS, COS_SIN, QW, KW, Q_OUT, K_OUT, V_OUT, SLOTS, K_CACHE, V_CACHE,
+    Q, K, V, POS, COS_SIN, QW, KW, Q_OUT, K_OUT, V_OUT, SLOTS, K_CACHE, V_CACHE, K_SCALE, V_SCALE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_kot, stride_vot,
     stride_cos, stride_cb, stride_cs, stride_ch, eps, num_q_heads, num_kv_heads,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr, HAS_TAIL: tl.constexpr,
     HAS_V: tl.constexpr, STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr, HQ_PAD: tl.constexpr,
     HKV_PAD: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(POS + t).to(tl.int64)
@@ -100,11 +114,11 @@ def _qk_norm_rope_kernel(
     else:
         slot = t * 0 - 1
     _norm_rope_heads(Q, stride_qt, stride_qh, Q_OUT, stride_qot, QW, t, cos, sin, eps, K_CACHE, stride_cb,
-                     stride_cs, stride_ch, slot, num_q_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL, False,
-                     BLOCK_SIZE, HQ_PAD, HALF_PAD, TAIL_PAD)
+                     stride_cs, stride_ch, slot, K_SCALE, num_q_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL,
+                     False, BLOCK_SIZE, HQ_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
     _norm_rope_heads(K, stride_kt, stride_kh, K_OUT, stride_kot, KW, t, cos, sin, eps, K_CACHE, stride_cb,
-                     stride_cs, stride_ch, slot, num_kv_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL, STORE,
-                     BLOCK_SIZE, HKV_PAD, HALF_PAD, TAIL_PAD)
+                     stride_cs, stride_ch, slot, K_SCALE, num_kv_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL,
+                     STORE, BLOCK_SIZE, HKV_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
     if HAS_V:
         h = tl.arange(0, HKV_PAD)[:, None]                                  # [Hkv, 1]
         d = tl.arange(0, D_PAD)[None, :]                                    # [1, D]
@@ -114,7 +128,8 @@ def _qk_norm_rope_kernel(
         if STORE:
             keep = tl.full([HKV_PAD, D_PAD], 0, tl.int64) + slot >= 0
             cdst = V_CACHE + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
-            tl.store(cdst + h * stride_ch + d, v.to(V_CACHE.dtype.element_ty), mask=mv & keep)
+            tl.store(cdst + h * stride_ch + d, _to_cache(v, V_SCALE, FP8_MAX, V_CACHE.dtype.element_ty),
+                     mask=mv & keep)
 
 
 def _heads(x: Tensor, head_dim: int) -> Tensor:
@@ -156,11 +171,12 @@ def qk_norm_rope_triton(
     q: Tensor, k: Tensor, v: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, *, head_dim: int,
     rotary_dim: int, q_weight: Tensor | None = None, k_weight: Tensor | None = None, eps: float = 1e-6,
     k_cache: Tensor | None = None, v_cache: Tensor | None = None, slot_mapping: Tensor | None = None,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """q [T, Hq(*D)], k/v [T, Hkv(*D)] (strided views allowed) -> new contiguous q, k, v [T, H, D].
 
     With k_cache/v_cache [NB, BS, Hkv, D] and slot_mapping [T], k and v are also stored in the cache
-    (then v must be given). No host sync: safe inside CUDA graphs.
+    (then v must be given; an FP8 cache also needs k_scale / v_scale). No host sync: safe inside CUDA graphs.
     """
     q3, k3 = _heads(q, head_dim), _heads(k, head_dim)                      # [T, Hq, D], [T, Hkv, D]
     v3 = None if v is None else _heads(v, head_dim)
@@ -170,6 +186,9 @@ def qk_norm_rope_triton(
         raise ValueError("storing into the KV cache needs v, k_cache, v_cache and slot_mapping")
     if store and not can_store_into(k_cache, v_cache, k3.shape[1], head_dim):
         raise ValueError(f"caches must be [NB, BS, {k3.shape[1]}, {head_dim}] with equal strides")
+    if store:
+        check_scales(k_cache, k_scale, v_scale)
+    fp8 = store and is_fp8(k_cache.dtype)
     num_tokens, num_q_heads, _ = q3.shape
     num_kv_heads = k3.shape[1]
     q_out = _empty(q3.shape, dtype=q3.dtype, device=q3.device)
@@ -183,7 +202,7 @@ def qk_norm_rope_triton(
             q3, k3, q3 if v3 is None else v3, positions, cos_sin_cache,
             q3 if q_weight is None else q_weight, q3 if k_weight is None else k_weight,
             q_out, k_out, q_out if v_out is None else v_out, positions if slot_mapping is None else slot_mapping,
-            cache, v_cache if store else q3,
+            cache, v_cache if store else q3, k_scale if fp8 else positions, v_scale if fp8 else positions,
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
             0 if v3 is None else v3.stride(0), 0 if v3 is None else v3.stride(1),
             q_out.stride(0), k_out.stride(0), 0 if v_out is None else v_out.stride(0),
@@ -193,7 +212,7 @@ def qk_norm_rope_triton(
             HAS_V=v3 is not None, STORE=store, BLOCK_SIZE=cache.shape[1] if store else 1, HQ_PAD=hq_pad,
             HKV_PAD=next_power_of_2(num_kv_heads), HALF_PAD=next_power_of_2(half),
             TAIL_PAD=next_power_of_2(max(head_dim - rotary_dim, 1)), D_PAD=d_pad,
-            num_warps=max(1, min(8, hq_pad * d_pad // 512)))
+            FP8_MAX=fp8_max(cache.dtype) if fp8 else 0.0, num_warps=max(1, min(8, hq_pad * d_pad // 512)))
     return q_out, k_out, v_out
 
 
@@ -201,6 +220,7 @@ def qk_norm_rope_torch(
     q: Tensor, k: Tensor, v: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, *, head_dim: int,
     rotary_dim: int, q_weight: Tensor | None = None, k_weight: Tensor | None = None, eps: float = 1e-6,
     k_cache: Tensor | None = None, v_cache: Tensor | None = None, slot_mapping: Tensor | None = None,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The reference of qk_norm_rope_triton (same arguments, same results; the store syncs)."""
     q3, k3 = _heads(q, head_dim), _heads(k, head_dim)
@@ -218,11 +238,16 @@ def qk_norm_rope_torch(
 
     q_out, k_out = rotate(q3), rotate(k3)
     if k_cache is not None and v_cache is not None and slot_mapping is not None and v3 is not None:  # store
+        check_scales(k_cache, k_scale, v_scale)
         keep = slot_mapping >= 0
         slots = slot_mapping[keep].long()
         block, offset = slots // k_cache.shape[1], slots % k_cache.shape[1]
-        k_cache[block, offset] = k_out[keep].to(k_cache.dtype)
-        v_cache[block, offset] = v3[keep].to(v_cache.dtype)
+        if is_fp8(k_cache.dtype) and k_scale is not None and v_scale is not None:   # uint8 views: CPU indexing
+            k_cache.view(torch.uint8)[block, offset] = quantize(k_out[keep], k_scale, k_cache.dtype).view(torch.uint8)
+            v_cache.view(torch.uint8)[block, offset] = quantize(v3[keep], v_scale, v_cache.dtype).view(torch.uint8)
+        else:
+            k_cache[block, offset] = k_out[keep].to(k_cache.dtype)
+            v_cache[block, offset] = v3[keep].to(v_cache.dtype)
     return q_out, k_out, v3
 
 

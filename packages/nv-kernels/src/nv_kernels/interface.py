@@ -17,9 +17,13 @@ class AttentionBackend(Protocol):
     name: str
 
     def store_kvcache(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, *,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> None:
-        """key/value [T, Hkv, D] -> cache slot slot_mapping[t] = block_id * BS + offset; slot < 0 skips."""
+        """key/value [T, Hkv, D] -> cache slot slot_mapping[t] = block_id * BS + offset; slot < 0 skips.
+
+        An FP8 cache (nv_kernels.kv_quant) stores clamp(x / scale) and needs k_scale / v_scale ([1] float32);
+        the attention methods then read K as fp8 * k_scale and V as fp8 * v_scale."""
         ...
 
     def prefill(
@@ -34,6 +38,8 @@ class AttentionBackend(Protocol):
         max_seqlen_q: int,
         max_seqlen_k: int,
         scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
     ) -> Tensor:
         """q [T, Hq, D] -> [T, Hq, D]; sequence b's queries sit at the end of its seq_lens[b] context."""
         ...
@@ -48,6 +54,8 @@ class AttentionBackend(Protocol):
         block_tables: Tensor,
         max_seqlen_k: int,
         scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
     ) -> Tensor:
         """q [B, Hq, D] -> [B, Hq, D]; one query per sequence at position seq_lens[b] - 1."""
         ...

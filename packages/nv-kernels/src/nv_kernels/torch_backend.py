@@ -1,10 +1,26 @@
-"""Reference backend in plain PyTorch: exact (fp32 math), runs on any device. Used on CPU."""
+"""Reference backend in plain PyTorch: exact (fp32 math), runs on any device. Used on CPU.
+
+An FP8 cache is indexed through a uint8 view (CPU torch lacks some float8 indexing ops) and converted
+with nv_kernels.kv_quant: K and V are dequantized to fp32 (fp8 * scale) before the attention math."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 from nv_kernels.interface import check_query, check_store
+from nv_kernels.kv_quant import check_scales, dequantize, is_fp8, quantize
+
+
+def _bytes(cache: Tensor) -> Tensor:
+    """The cache itself, or a uint8 view of an FP8 cache (same layout) for indexing."""
+    return cache.view(torch.uint8) if is_fp8(cache.dtype) else cache
+
+
+def _to_float(pages: Tensor, cache_dtype: torch.dtype, scale: Tensor | None) -> Tensor:
+    """Gathered pages (uint8 bytes of an FP8 cache, or model dtype) -> fp32 values."""
+    if is_fp8(cache_dtype) and scale is not None:
+        return dequantize(pages.view(cache_dtype), scale)
+    return pages.float()
 
 
 def gather_pages(cache: Tensor, block_table: Tensor, num_tokens: int) -> Tensor:
@@ -37,13 +53,19 @@ class TorchBackend:
     name = "torch"
 
     def store_kvcache(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, *,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> None:
         check_store(key, value, k_cache, v_cache, slot_mapping)
+        check_scales(k_cache, k_scale, v_scale)
         nb, bs, hkv, d = k_cache.shape
         keep = slot_mapping >= 0  # [T]
         slots = slot_mapping[keep].long()
         block, offset = slots // bs, slots % bs
+        if is_fp8(k_cache.dtype) and k_scale is not None and v_scale is not None:
+            _bytes(k_cache)[block, offset] = quantize(key[keep], k_scale, k_cache.dtype).view(torch.uint8)
+            _bytes(v_cache)[block, offset] = quantize(value[keep], v_scale, v_cache.dtype).view(torch.uint8)
+            return
         k_cache[block, offset] = key[keep].to(k_cache.dtype)
         v_cache[block, offset] = value[keep].to(v_cache.dtype)
 
@@ -59,8 +81,11 @@ class TorchBackend:
         max_seqlen_q: int,
         max_seqlen_k: int,
         scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
     ) -> Tensor:
         check_query(q, k_cache, v_cache)
+        check_scales(k_cache, k_scale, v_scale)
         out = torch.empty_like(q)  # [T, Hq, D]
         starts = cu_seqlens_q.tolist()
         lens = seq_lens.tolist()
@@ -71,8 +96,10 @@ class TorchBackend:
                 continue
             if q_len > ctx_len:
                 raise ValueError(f"sequence {b}: {q_len} queries but context length {ctx_len}")
-            k = gather_pages(k_cache, block_tables[b], ctx_len).transpose(0, 1)  # [Hkv, L, D]
-            v = gather_pages(v_cache, block_tables[b], ctx_len).transpose(0, 1)
+            k = _to_float(gather_pages(_bytes(k_cache), block_tables[b], ctx_len), k_cache.dtype,
+                          k_scale).transpose(0, 1)  # [Hkv, L, D]
+            v = _to_float(gather_pages(_bytes(v_cache), block_tables[b], ctx_len), v_cache.dtype,
+                          v_scale).transpose(0, 1)
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)  # [Q]
             k_pos = torch.arange(ctx_len, device=q.device)  # [L]
             mask = k_pos[None, :] <= q_pos[:, None]  # [Q, L]
@@ -90,8 +117,11 @@ class TorchBackend:
         block_tables: Tensor,
         max_seqlen_k: int,
         scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
     ) -> Tensor:
         hq, hkv = check_query(q, k_cache, v_cache)
+        check_scales(k_cache, k_scale, v_scale)
         nb, bs, _, d = k_cache.shape
         batch = q.shape[0]
         # Gather up to max_seqlen_k tokens for every row at once (no host sync), mask the tail.
@@ -100,8 +130,10 @@ class TorchBackend:
         length = num_blocks * bs
         keep = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None].long()  # [B, L]
         outside = ~keep[:, :, None, None]  # slots past a row's context may hold anything (NaN too)
-        k = k_cache[table].reshape(batch, length, hkv, d).float().masked_fill_(outside, 0.0)  # [B, L, Hkv, D]
-        v = v_cache[table].reshape(batch, length, hkv, d).float().masked_fill_(outside, 0.0)
+        k = _to_float(_bytes(k_cache)[table], k_cache.dtype, k_scale)
+        k = k.reshape(batch, length, hkv, d).masked_fill_(outside, 0.0)  # [B, L, Hkv, D]
+        v = _to_float(_bytes(v_cache)[table], v_cache.dtype, v_scale)
+        v = v.reshape(batch, length, hkv, d).masked_fill_(outside, 0.0)
         qg = q.float().view(batch, hkv, hq // hkv, d)  # [B, Hkv, G, D]
         scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale  # [B, Hkv, G, L]
         scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))

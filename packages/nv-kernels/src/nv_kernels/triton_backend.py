@@ -6,6 +6,7 @@ import os
 from torch import Tensor
 
 from nv_kernels.interface import check_query, check_store
+from nv_kernels.kv_quant import check_scales
 from nv_kernels.triton_decode import decode_attention
 from nv_kernels.triton_prefill import prefill_attention
 from nv_kernels.triton_store import store_kvcache
@@ -36,13 +37,15 @@ class TritonBackend:
     name = "triton"
 
     def store_kvcache(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, *,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> None:
         check_store(key, value, k_cache, v_cache, slot_mapping)
+        check_scales(k_cache, k_scale, v_scale)
         _check_device(key, value, k_cache, v_cache, slot_mapping)
         _check_cache_layout(k_cache, v_cache)
         store_kvcache(_last_dim_contiguous(key), _last_dim_contiguous(value), k_cache, v_cache,
-                      slot_mapping.contiguous())
+                      slot_mapping.contiguous(), k_scale, v_scale)
 
     def prefill(
         self,
@@ -56,13 +59,16 @@ class TritonBackend:
         max_seqlen_q: int,
         max_seqlen_k: int,
         scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
     ) -> Tensor:
         check_query(q, k_cache, v_cache)
+        check_scales(k_cache, k_scale, v_scale)
         _check_device(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables)
         _check_cache_layout(k_cache, v_cache)
         return prefill_attention(_last_dim_contiguous(q), k_cache, v_cache, cu_seqlens_q.contiguous(),
                                  seq_lens.contiguous(), _last_dim_contiguous(block_tables),
-                                 max_seqlen_q, scale)
+                                 max_seqlen_q, scale, k_scale=k_scale, v_scale=v_scale)
 
     def decode(
         self,
@@ -74,9 +80,13 @@ class TritonBackend:
         block_tables: Tensor,
         max_seqlen_k: int,
         scale: float,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
     ) -> Tensor:
         check_query(q, k_cache, v_cache)
+        check_scales(k_cache, k_scale, v_scale)
         _check_device(q, k_cache, v_cache, seq_lens, block_tables)
         _check_cache_layout(k_cache, v_cache)
         return decode_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
-                                _last_dim_contiguous(block_tables), max_seqlen_k, scale)
+                                _last_dim_contiguous(block_tables), max_seqlen_k, scale,
+                                k_scale=k_scale, v_scale=v_scale)

@@ -5,6 +5,8 @@ are the rows of one tile, so every KV byte is read once for all of them. Each sp
 cdiv(seq_len, NUM_SPLITS) tokens of its own sequence (read in-kernel), so the launch grid depends
 only on (B, Hkv, NUM_SPLITS): CUDA-graph safe. Stage 2 merges the splits by log-sum-exp.
 Ideas from SGLang / LightLLM two-stage decode and vLLM's triton_unified_attention (no code copied).
+An FP8 cache is converted to q's dtype in registers; k_scale folds into the q.k scale and v_scale
+multiplies the output (both read from device memory: CUDA-graph safe).
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -18,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from nv_kernels.kv_quant import is_fp8
 
 LOG2E = 1.4426950408889634
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
@@ -42,15 +46,17 @@ def _load_kv_tile(cache, table_row, n0, n, n_mask, kv_head, d, d_mask,
 
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, qk_scale,
+    Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, K_SCALE, V_SCALE, qk_scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if FP8:
+        qk_scale = qk_scale * tl.load(K_SCALE)
     seq_len = tl.load(SEQ_LENS + b)
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE) * TILE
     start = split * per_split
@@ -75,6 +81,7 @@ def _decode_split_kernel(
                           stride_ch, BLOCK_SIZE, TILE)  # [TILE, D]
         v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
                           stride_ch, BLOCK_SIZE, TILE)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # no-op unless the cache is FP8
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TILE], log2 units
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -86,6 +93,8 @@ def _decode_split_kernel(
 
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]  # [GP, D]; zero for an empty split or seq_len 0
+    if FP8:
+        out = out * tl.load(V_SCALE)
     out_mask = row_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
         tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
@@ -155,9 +164,11 @@ def choose_tile(block_size: int, head_dim: int) -> int:
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor, block_tables: Tensor,
     max_seqlen_k: int, scale: float, *, num_splits: int | None = None, tile: int | None = None,
-    num_warps: int | None = None, num_stages: int | None = None,
+    num_warps: int | None = None, num_stages: int | None = None, k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
-    """q [B, Hq, D], caches [NB, BS, Hkv, D] -> [B, Hq, D]. Keyword tunables are for benchmarks."""
+    """q [B, Hq, D], caches [NB, BS, Hkv, D] -> [B, Hq, D]. Keyword tunables are for benchmarks.
+    An FP8 cache needs k_scale / v_scale ([1] float32 on the device)."""
     batch, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     out = _empty(q.shape, dtype=q.dtype, device=q.device)  # [B, Hq, D]
@@ -174,13 +185,17 @@ def decode_attention(
     else:
         part_o = part_lse = out  # unused
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    fp8 = is_fp8(k_cache.dtype)
+    if fp8 and (k_scale is None or v_scale is None):
+        raise ValueError(f"an FP8 KV cache ({k_cache.dtype}) needs k_scale and v_scale")
     _decode_split_kernel[(batch, hkv, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse, scale * LOG2E,
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
+        seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
-        num_warps=num_warps or 4, num_stages=num_stages or (4 if tile > block_size >= 32 else 2),
+        FP8=fp8, num_warps=num_warps or 4, num_stages=num_stages or (4 if tile > block_size >= 32 else 2),
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, hq)](

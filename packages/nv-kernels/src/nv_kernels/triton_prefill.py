@@ -3,7 +3,8 @@
 One program per (sequence, query tile, KV head). Tile rows are (query token, query head of this KV
 head's group) pairs, so each KV tile is read once for the whole GQA group (as in vLLM's
 triton_unified_attention; no code copied). Key tiles entirely after the tile's last query are never
-visited; tiles entirely before its first query skip the causal mask.
+visited; tiles entirely before its first query skip the causal mask. An FP8 cache is read as in
+triton_decode (k_scale folded into the q.k scale, v_scale applied to the output).
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -17,6 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nv_kernels import triton_decode
+from nv_kernels.kv_quant import is_fp8
 from nv_kernels.triton_decode import LOG2E, _load_kv_tile
 
 
@@ -32,6 +34,7 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
                       stride_ch, BLOCK_SIZE, TILE_N)  # [TILE_N, D]
     v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
                       stride_ch, BLOCK_SIZE, TILE_N)
+    k, v = k.to(q.dtype), v.to(q.dtype)  # no-op unless the cache is FP8
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, TILE_N] log2 units
     if CAUSAL:
         s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
@@ -46,10 +49,11 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
 
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies per step: one variant for all
 def _prefill_kernel(
-    Q, K, V, OUT, CU_SEQLENS_Q, SEQ_LENS, BLOCK_TABLES, qk_scale,
+    Q, K, V, OUT, CU_SEQLENS_Q, SEQ_LENS, BLOCK_TABLES, K_SCALE, V_SCALE, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -60,6 +64,8 @@ def _prefill_kernel(
     if tok0 >= q_len:
         return
     ctx_start = tl.load(SEQ_LENS + b) - q_len  # position of this sequence's first query
+    if FP8:
+        qk_scale = qk_scale * tl.load(K_SCALE)
 
     m = tl.arange(0, BLOCK_M)
     tok = tok0 + m // GROUP  # [M] query token within the sequence
@@ -87,6 +93,8 @@ def _prefill_kernel(
                                      d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
                                      BLOCK_SIZE, TILE_N, True, PRECISION)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if FP8:
+        out = out * tl.load(V_SCALE)
     tl.store(OUT + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
              out.to(OUT.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
@@ -95,8 +103,10 @@ def prefill_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, seq_lens: Tensor,
     block_tables: Tensor, max_seqlen_q: int, scale: float, *, block_m: int | None = None,
     tile_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
 ) -> Tensor:
-    """q [T, Hq, D], caches [NB, BS, Hkv, D] -> [T, Hq, D]. Keyword tunables are for benchmarks."""
+    """q [T, Hq, D], caches [NB, BS, Hkv, D] -> [T, Hq, D]. Keyword tunables are for benchmarks.
+    An FP8 cache needs k_scale / v_scale ([1] float32 on the device)."""
     total, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     out = triton_decode._empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
@@ -110,13 +120,17 @@ def prefill_attention(
     block_q = block_m // group
     tile_n = tile_n or (64 if on_gpu and head_dim <= 64 else 32 if on_gpu else 16)
     grid = (batch, triton.cdiv(max_seqlen_q, block_q), hkv)
+    fp8 = is_fp8(k_cache.dtype)
+    if fp8 and (k_scale is None or v_scale is None):
+        raise ValueError(f"an FP8 KV cache ({k_cache.dtype}) needs k_scale and v_scale")
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale * LOG2E,
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
+        seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
         num_warps=num_warps or (8 if on_gpu and head_dim > 64 else 4), num_stages=num_stages or 3,
     )
     return out

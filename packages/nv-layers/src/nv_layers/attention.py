@@ -2,6 +2,10 @@
 
 It reads everything per step from the forward context (slot mapping, block tables, lengths, backend);
 the runner assigns `k_cache` / `v_cache` ([NB, BS, Hkv, D] each) after allocating the KV cache.
+
+An FP8 cache (nv_kernels.kv_quant) is read and written with this layer's per-tensor `k_scale` / `v_scale`
+([1] float32 buffers on the device): the checkpoint's (load_kv_scale), or set by the runner from a
+calibration run (start_kv_calibration / the amax this layer records) before the cache is allocated.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nv_kernels.kv_quant import is_fp8
 from nv_layers.forward_context import ForwardContext, get_forward_context
 
 
@@ -23,6 +28,34 @@ class Attention(nn.Module):
         self.scale = scale
         self.k_cache = torch.empty(0)   # [NB, BS, Hkv, D] once the runner assigns it
         self.v_cache = torch.empty(0)
+        self.k_scale: torch.Tensor      # [1] float32: an FP8 cache holds K / k_scale
+        self.v_scale: torch.Tensor
+        self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32), persistent=False)
+        self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32), persistent=False)
+        self.kv_scales_loaded: set[str] = set()        # "k" / "v": scales the checkpoint gave
+        self.kv_amax: torch.Tensor | None = None       # [2] max |K|, |V| seen while calibrating
+
+    # ---- FP8 scales ---------------------------------------------------------------------------
+    def load_kv_scale(self, which: str, value: torch.Tensor) -> None:
+        """A checkpoint's k_scale / v_scale ("k" or "v"; one element) for an FP8 cache."""
+        if which not in ("k", "v") or value.numel() != 1:
+            raise ValueError(f"a KV-cache scale is one number for 'k' or 'v', got {which!r} of shape "
+                             f"{tuple(value.shape)}")
+        scale = float(value.float().reshape(()))
+        if not scale > 0 or scale == float("inf"):
+            raise ValueError(f"the checkpoint's {which}_scale must be positive and finite, got {scale}")
+        (self.k_scale if which == "k" else self.v_scale).fill_(scale)
+        self.kv_scales_loaded.add(which)
+
+    def start_kv_calibration(self) -> None:
+        """Record max |K| and |V| of every forward from now on (kv_amax)."""
+        self.kv_amax = torch.zeros(2, dtype=torch.float32, device=self.k_scale.device)
+
+    def kv_scale_kwargs(self) -> dict[str, torch.Tensor]:
+        """{"k_scale", "v_scale"} when the cache is FP8 (the backends' and fused store's keywords), else {}."""
+        if not is_fp8(self.k_cache.dtype):
+            return {}
+        return {"k_scale": self.k_scale, "v_scale": self.v_scale}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_stored: bool = False) -> torch.Tensor:
         # q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]; kv_stored: the caller already wrote k/v into
@@ -32,21 +65,25 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.kv_amax is not None:
+            seen = torch.stack([k.detach().abs().amax(), v.detach().abs().amax()]).float()   # [2]
+            self.kv_amax = torch.maximum(self.kv_amax, seen)
         if self.k_cache.numel() == 0:
             out = self._attend_without_cache(q, k, v, ctx)
         else:
             backend = ctx.backend
+            scales = self.kv_scale_kwargs()   # FP8 cache only: backends without FP8 never see them
             if not kv_stored:
-                backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+                backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **scales)
             if ctx.is_decode:
                 out = backend.decode(q, self.k_cache, self.v_cache, seq_lens=ctx.seq_lens,
                                      block_tables=ctx.block_tables, max_seqlen_k=ctx.max_seqlen_k,
-                                     scale=self.scale)
+                                     scale=self.scale, **scales)
             else:
                 out = backend.prefill(q, self.k_cache, self.v_cache, cu_seqlens_q=ctx.cu_seqlens_q,
                                       seq_lens=ctx.seq_lens, block_tables=ctx.block_tables,
                                       max_seqlen_q=ctx.max_seqlen_q, max_seqlen_k=ctx.max_seqlen_k,
-                                      scale=self.scale)
+                                      scale=self.scale, **scales)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 
     def _attend_without_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

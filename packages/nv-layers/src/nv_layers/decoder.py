@@ -94,7 +94,7 @@ class DecoderAttention(nn.Module):
         store = can_store_into(attn.k_cache, attn.v_cache, self.num_kv_heads, self.head_dim)
         if store:
             kwargs.update(k_cache=attn.k_cache, v_cache=attn.v_cache,
-                          slot_mapping=get_forward_context().slot_mapping)
+                          slot_mapping=get_forward_context().slot_mapping, **attn.kv_scale_kwargs())
         q, k, v_heads = qk_norm_rope_triton(q, k, v, positions, self.rotary_emb.cos_sin_cache, head_dim=self.head_dim,
                                             rotary_dim=self.rotary_emb.rotary_dim, **kwargs)   # [T, H, D] each
         v = v if v_heads is None else v_heads  # v_heads is v as [T, Hkv, D] (None only when v is)

@@ -2,7 +2,9 @@
 
 Checkpoint names map to parameters one to one, except those in `model.packed_modules_mapping`
 ({"q_proj": ("qkv_proj", "q"), ...}), which load as shards of a fused parameter. Parameters built by
-nv_layers read only this rank's shard from disk (lazy safetensors slices).
+nv_layers read only this rank's shard from disk (lazy safetensors slices). FP8 KV-cache scales are
+optional and go to the layer's Attention, named as vLLM reads them: `<attn>.k_scale` / `.v_scale` under
+`self_attn`, `self_attn.attn`, or `self_attn.k_proj` / `v_proj`, and the older `.kv_scale` (both).
 """
 from __future__ import annotations
 
@@ -15,12 +17,28 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from nv_layers.attention import Attention
 from nv_layers.embedding import VocabParallelEmbedding
 from nv_layers.linear import LinearBase
 from nv_layers.weights import default_weight_loader
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)    # old checkpoints store rope buffers
 _MAX_LISTED = 20
+KV_SCALE_NAMES = {"k_scale": ("k",), "v_scale": ("v",), "kv_scale": ("k", "v")}
+_KV_SCALE_OWNERS = ("attn", "k_proj", "v_proj")   # checkpoint modules a scale may hang under
+
+
+def _kv_scale_target(name: str, attentions: dict[str, Attention]) -> tuple[Attention, tuple[str, ...]] | None:
+    """A checkpoint KV-cache scale name -> (the Attention it belongs to, "k"/"v"), else None."""
+    prefix, _, leaf = name.rpartition(".")
+    if leaf not in KV_SCALE_NAMES:
+        return None
+    head, _, last = prefix.rpartition(".")
+    candidates = [prefix, f"{prefix}.attn"] + ([head, f"{head}.attn"] if last in _KV_SCALE_OWNERS else [])
+    for candidate in candidates:
+        if candidate in attentions:
+            return attentions[candidate], KV_SCALE_NAMES[leaf]
+    return None
 
 
 def _resolve(name: str, packed: dict, params: dict) -> tuple[str, object] | None:
@@ -66,12 +84,20 @@ def load_safetensors(model: nn.Module, path: str | Path) -> None:
     params = dict(model.named_parameters())                       # tied duplicates appear once
     aliases = set(dict(model.named_parameters(remove_duplicate=False))) - set(params)
 
+    attentions = {n: m for n, m in model.named_modules() if isinstance(m, Attention)}
+
     plan: list[tuple[Path, str, str, object]] = []                 # (file, ckpt name, param, shard)
     unexpected: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 if name in aliases or name.endswith(IGNORED_SUFFIXES):
+                    continue
+                scale_target = _kv_scale_target(name, attentions)
+                if scale_target is not None:
+                    attention, which = scale_target
+                    for w in which:
+                        attention.load_kv_scale(w, f.get_tensor(name))
                     continue
                 target = _resolve(name, packed, params)
                 if target is None:

@@ -26,11 +26,14 @@ from nv_engine.checkpoints.registry import get_model_class
 from nv_engine.config import EngineConfig
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.input_stager import InputStager
+from nv_engine.runner.kv_scales import KVScaleSetter
 from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, cuda_memory_state, graph_reserve
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, StepInput, StepResult
 from nv_kernels import get_backend
+from nv_kernels.kv_quant import is_fp8
+from nv_layers.attention import Attention
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.loader import build_model
 from nv_layers.parallel_state import (
@@ -44,6 +47,8 @@ from nv_layers.parallel_state import (
 from nv_layers.sampler import Sampler, compute_logprobs
 
 logger = logging.getLogger(__name__)
+
+FP8_KV_BACKENDS = ("triton", "torch")   # the backends that read an FP8 KV cache (nv_kernels.kv_quant)
 
 
 class CausalLM(Protocol):
@@ -89,6 +94,12 @@ class ModelRunner:
         self.owns_custom_all_reduce = (not config.disable_custom_all_reduce
                                        and init_custom_all_reduce(self.device, config.dtype))
         self.backend = get_backend(config.attention_backend, self.device)
+        if is_fp8(config.kv_dtype) and self.backend.name not in FP8_KV_BACKENDS:
+            if config.attention_backend is not None:
+                raise ValueError(f"attention_backend={config.attention_backend!r} cannot read nv's FP8 KV cache "
+                                 f"(kv_cache_dtype={config.kv_cache_dtype!r}); use one of {FP8_KV_BACKENDS}")
+            logger.info("attention backend %s cannot read an FP8 KV cache: using triton", self.backend.name)
+            self.backend = get_backend("triton", self.device)
         self.sampler = Sampler()
         self.sampling_tensors = SamplingTensorsSource(self.device)
         self.attention_layers = cast(list[KVCacheLayer], [m for m in self.model.modules()
@@ -114,7 +125,7 @@ class ModelRunner:
         return self.owns_custom_all_reduce
 
     def kv_block_bytes(self) -> int:
-        itemsize = torch.empty(0, dtype=self.config.dtype).element_size()
+        itemsize = torch.empty(0, dtype=self.config.kv_dtype).element_size()   # 1 for FP8
         return sum(2 * self.config.block_size * layer.num_kv_heads * layer.head_dim * itemsize
                    for layer in self.attention_layers)
 
@@ -205,8 +216,8 @@ class ModelRunner:
         caches = [(layer.k_cache, layer.v_cache) for layer in self.attention_layers]
         for layer in self.attention_layers:
             shape = (1, bs, layer.num_kv_heads, layer.head_dim)
-            layer.k_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
-            layer.v_cache = torch.zeros(shape, dtype=self.config.dtype, device=dev)
+            layer.k_cache = torch.zeros(shape, dtype=self.config.kv_dtype, device=dev)
+            layer.v_cache = torch.zeros(shape, dtype=self.config.kv_dtype, device=dev)
         try:
             ctx = ForwardContext(
                 is_decode=True, slot_mapping=torch.full((batch_size,), -1, dtype=torch.int64, device=dev),
@@ -224,17 +235,28 @@ class ModelRunner:
 
     # ---- KV cache and graphs -----------------------------------------------------------------
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Per layer one [2, NB, BS, Hkv, D] tensor; its halves go to the layer's k_cache / v_cache."""
+        """Per layer one [2, NB, BS, Hkv, D] tensor; its halves go to the layer's k_cache / v_cache.
+        An FP8 cache gets its per-layer scales first (KVScaleSetter), fixed from then on."""
+        config = self.config
+        scales = ""
+        if is_fp8(config.kv_dtype):
+            layers = cast(list[Attention], self.attention_layers)
+            origin = KVScaleSetter(config, self.device, self.backend).apply(layers, self.model)
+            k = torch.cat([layer.k_scale for layer in layers]).tolist()
+            v = torch.cat([layer.v_scale for layer in layers]).tolist()
+            scales = (f", K/V scales {origin} (k {min(k):.3g}..{max(k):.3g}, "
+                      f"v {min(v):.3g}..{max(v):.3g})")
         self.num_blocks = num_blocks
         self.kv_caches = []
         for layer in self.attention_layers:
-            kv = torch.zeros(2, num_blocks, self.config.block_size, layer.num_kv_heads, layer.head_dim,
-                             dtype=self.config.dtype, device=self.device)
+            kv = torch.zeros(2, num_blocks, config.block_size, layer.num_kv_heads, layer.head_dim,
+                             dtype=config.kv_dtype, device=self.device)
             layer.k_cache, layer.v_cache = kv[0], kv[1]
             self.kv_caches.append(kv)
-        logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB", num_blocks,
-                    self.config.block_size, num_blocks * self.config.block_size,
-                    num_blocks * self.kv_block_bytes() / (1 << 30))
+        logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB, dtype %s (kv_cache_dtype=%s)%s",
+                    num_blocks, config.block_size, num_blocks * config.block_size,
+                    num_blocks * self.kv_block_bytes() / (1 << 30), str(config.kv_dtype).removeprefix("torch."),
+                    config.kv_cache_dtype, scales)
 
     @torch.inference_mode()
     def capture_cudagraphs(self, emulate: bool = False) -> None:
