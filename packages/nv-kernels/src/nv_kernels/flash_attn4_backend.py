@@ -61,21 +61,26 @@ class FlashAttn4Backend:
 
     # ---- the AttentionBackend contract -------------------------------------------------------
     def store_kvcache(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, *,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> None:
+        _refuse_scales(k_scale, v_scale)
         check_store(key, value, k_cache, v_cache, slot_mapping)
         triton_store_kvcache(key, value, k_cache, v_cache, slot_mapping)
 
     def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, cu_seqlens_q: Tensor,
                 seq_lens: Tensor, block_tables: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                scale: float) -> Tensor:
+                scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
+        _refuse_scales(k_scale, v_scale)
         hq, _ = self._check(q, k_cache, v_cache)
         self._warm_up_once(hq, k_cache, v_cache)
         return self._prefill(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q,
                              max_seqlen_k, scale)
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor,
-               block_tables: Tensor, max_seqlen_k: int, scale: float) -> Tensor:
+               block_tables: Tensor, max_seqlen_k: int, scale: float, k_scale: Tensor | None = None,
+               v_scale: Tensor | None = None) -> Tensor:
+        _refuse_scales(k_scale, v_scale)
         hq, _ = self._check(q, k_cache, v_cache)
         self._warm_up_once(hq, k_cache, v_cache)
         return self._decode(q, k_cache, v_cache, seq_lens, block_tables, max_seqlen_k, scale)
@@ -138,3 +143,9 @@ class FlashAttn4Backend:
         if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
             raise ValueError("k_cache and v_cache need equal strides and a contiguous head_dim")
         return hq, hkv
+
+
+def _refuse_scales(k_scale: Tensor | None, v_scale: Tensor | None) -> None:
+    if k_scale is not None or v_scale is not None:
+        raise ValueError("the flash_attn (FlashAttention-4) backend cannot read nv's FP8 KV cache; "
+                         "use attention_backend='triton'")

@@ -23,23 +23,28 @@ class PhaseSplitBackend:
         self._prefill_warmed = not isinstance(prefill_backend, WarmsUp)
 
     def store_kvcache(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, *,
+        k_scale: Tensor | None = None, v_scale: Tensor | None = None,
     ) -> None:
-        self.decode_backend.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+        self.decode_backend.store_kvcache(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale,
+                                          v_scale=v_scale)
 
     def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, cu_seqlens_q: Tensor,
                 seq_lens: Tensor, block_tables: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                scale: float) -> Tensor:
+                scale: float, k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
         return self.prefill_backend.prefill(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
                                             block_tables=block_tables, max_seqlen_q=max_seqlen_q,
-                                            max_seqlen_k=max_seqlen_k, scale=scale)
+                                            max_seqlen_k=max_seqlen_k, scale=scale, k_scale=k_scale,
+                                            v_scale=v_scale)
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor,
-               block_tables: Tensor, max_seqlen_k: int, scale: float) -> Tensor:
+               block_tables: Tensor, max_seqlen_k: int, scale: float, k_scale: Tensor | None = None,
+               v_scale: Tensor | None = None) -> Tensor:
         prefill_backend = self.prefill_backend
         if not self._prefill_warmed and isinstance(prefill_backend, WarmsUp) and not (
                 k_cache.is_cuda and torch.cuda.is_current_stream_capturing()):
             prefill_backend.warm_up(q.shape[1], k_cache, v_cache)
             self._prefill_warmed = True
         return self.decode_backend.decode(q, k_cache, v_cache, seq_lens=seq_lens, block_tables=block_tables,
-                                          max_seqlen_k=max_seqlen_k, scale=scale)
+                                          max_seqlen_k=max_seqlen_k, scale=scale, k_scale=k_scale,
+                                          v_scale=v_scale)
