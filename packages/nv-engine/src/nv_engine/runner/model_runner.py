@@ -208,7 +208,8 @@ class ModelRunner:
             for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
         del hidden
-        self.sampler(logits, self.sampling_tensors.worst_case(num_rows, logits.shape[1]))   # every rank samples (launch)
+        # every rank samples (launch)
+        self.sampler(logits, self.sampling_tensors.worst_case(num_rows, logits.shape[1]))
 
     def _dummy_decode(self, batch_size: int) -> None:
         """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
