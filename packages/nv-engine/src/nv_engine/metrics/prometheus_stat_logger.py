@@ -1,7 +1,8 @@
 """PrometheusStatLogger: the engine's metrics under vLLM's names, `vllm:` prefix included, so that dashboards
 and KV-aware routers built on vLLM's metrics (llm-d's inference scheduler reads vllm:num_requests_waiting and
 vllm:kv_cache_usage_perc) read nv unchanged; nv's own metrics are `nv:...`. In a registry of its own so
-that several servers can live in one process. Bucket edges follow vLLM's for the same metrics. Labels: model_name, engine."""
+that several servers can live in one process. Bucket edges follow vLLM's for the same metrics.
+Labels: model_name, engine."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
