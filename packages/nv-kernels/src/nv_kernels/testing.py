@@ -128,3 +128,22 @@ def interpreted_triton_modules(*names: str) -> Iterator[list[ModuleType]]:
             pytest.skip("the kernels were already compiled for the GPU in this process")
         mp.setenv("TRITON_INTERPRET", "1")
         yield [importlib.import_module(name) for name in names]
+
+
+def fp8_code_agreement(got: Tensor, want: Tensor, chunk: int = 1 << 26) -> tuple[float, int]:
+    """Compare two FP8 tensors code by code: (share of equal values, the largest distance between two
+    codes in value order). FP8 formats are sign-magnitude, so a code's place in value order is
+    +-(code & 0x7f) and +0 / -0 count as equal. Runs in chunks: a cache of billions of codes fits."""
+    g, w = got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)
+    equal, worst = 0, 0
+    for start in range(0, g.numel(), chunk):
+        a, b = _value_order(g[start:start + chunk]), _value_order(w[start:start + chunk])
+        equal += int((a == b).sum())
+        worst = max(worst, int((a - b).abs().max()))
+    return equal / max(g.numel(), 1), worst
+
+
+def _value_order(codes: Tensor) -> Tensor:
+    signed = codes.to(torch.int16)
+    magnitude = signed & 0x7F
+    return torch.where(signed >= 0x80, -magnitude, magnitude)
