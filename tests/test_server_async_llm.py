@@ -1,5 +1,6 @@
 """`nv serve` on AsyncLLM (the engine core in its own process), on CPU with a tiny random Qwen3:
-streams work, a client that leaves frees its blocks in the core, and when the core process is
+streams work, a client that leaves frees its blocks in the core, /metrics counts prefix hits, preemptions
+and per-request latencies from the core's statistics, and when the core process is
 killed mid-stream the stream ends with an error event, new requests get a 5xx, /health turns 503
 and the server exits. One server for the module; the kill test comes last."""
 from __future__ import annotations
@@ -79,6 +80,39 @@ def test_a_client_that_leaves_frees_its_blocks_in_the_core(server):
             if line.startswith("data: {"):
                 break                        # one token seen: hang up
     _core_idle(server)
+
+
+def _metric_values(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples}
+
+
+def test_metrics_after_a_prefix_hit_and_a_forced_preemption(client, server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = list(range(10, 74))                              # 64 tokens: four full blocks to share
+    for _ in range(2):                                        # the second finds the first's blocks
+        client.completions.create(model=MODEL, prompt=shared, max_tokens=4, temperature=0)
+    # 24 sequences of 48 + 200 tokens need 24 x 16 blocks; the core has 256: some must be preempted
+    def long_request(i: int) -> int:
+        out = client.completions.create(model=MODEL, prompt=[11 + i] * 48, max_tokens=200, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        return out.usage.completion_tokens
+
+    with ThreadPoolExecutor(24) as pool:
+        assert list(pool.map(long_request, range(24))) == [200] * 24
+    _core_idle(server)
+    values = _metric_values(server.url)
+    assert values["vllm:prefix_cache_hits_total"] >= 48     # 3 of 4 blocks: the last prompt token is recomputed
+    assert values["vllm:prefix_cache_queries_total"] > values["vllm:prefix_cache_hits_total"]
+    assert values["vllm:num_preemptions_total"] > 0
+    for histogram in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                      "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"):
+        assert values[f"vllm:{histogram}_count"] >= 26, histogram
+    assert values["vllm:generation_tokens_total"] >= 24 * 200 + 8
 
 
 def test_killing_the_core_mid_stream(client, server):
