@@ -121,9 +121,10 @@ def test_killing_the_core_mid_stream(client, server):
     first = next(iter(stream))
     assert first.choices
     os.kill(server.llm.core_pid, signal.SIGKILL)
-    with pytest.raises(openai.APIError):        # the error event ends the stream
+    with pytest.raises(openai.APIError) as event:   # the error event ends the stream
         for _ in stream:
             pass
+    assert "engine is not running" in str(event.value)   # the 503 event, not a generic internal error
     deadline = time.monotonic() + 10
     health = None
     while time.monotonic() < deadline:

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from nv_engine.engine_dead_error import EngineDeadError
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
 from nv_engine.entrypoints.server.protocol import (
@@ -186,6 +187,8 @@ class _CompletionRun:
                                           usage=self._usage()))
         except APIError as err:
             yield sse_error(err)
+        except EngineDeadError as exc:   # the engine core died mid-stream: a 503 error event, then [DONE]
+            yield sse_error(engine_error(exc))
         except Exception as exc:   # a bug mid-stream: the client still gets an error event and [DONE]
             logger.error("request %s failed mid-stream: %r", self.id, exc)
             logger.debug("request %s traceback", self.id, exc_info=True)
