@@ -43,7 +43,7 @@ from nv_engine.engine_core_outputs import EngineCoreOutputs
 from nv_engine.engine_core_request import EngineCoreRequest
 from nv_engine.engine_requests import load_tokenizer
 from nv_engine.engine_sequence import EngineSequence
-from nv_engine.outputs import Logprob, SampleLogprobs
+from nv_engine.prompt_logprobs_recording import record_prompt_logprobs
 from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
@@ -284,7 +284,7 @@ class EngineCore:
             for seq in scheduler.postprocess(out, result.token_ids):
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
-            self._record_prompt_logprobs(out, launched.prompt_logprobs, result)
+            record_prompt_logprobs(out, launched.prompt_logprobs, result)
         if self.structured_outputs.active:                 # structured outputs: advance the matchers
             for seq, reason in self.structured_outputs.accept([s.seq for s in out.sampling],  # type: ignore[misc]
                                                               result.token_ids):
@@ -362,30 +362,6 @@ class EngineCore:
         if result is None:
             raise RuntimeError("the executor returned no result for a step")
         return result
-
-    def _record_prompt_logprobs(self, out: SchedulerOutput, batch: PromptLogprobsBatch,
-                                result: StepResult) -> None:
-        """Append the step's prompt logprobs to their sequences (a recomputed chunk, after a
-        preemption, replaces what it had before)."""
-        found = result.prompt_logprobs
-        if found is None:
-            raise RuntimeError("the runner returned no prompt logprobs for a step that asked for them")
-        by_id = {entry.seq.seq_id: entry.seq for entry in out.scheduled}
-        row = 0
-        for seq_id, count, first in zip(batch.seq_ids, batch.counts, batch.first_positions, strict=True):
-            seq: EngineSequence = by_id[seq_id]   # type: ignore[assignment]  # the engine adds only these
-            width = seq.params.prompt_logprobs
-            entries: list[SampleLogprobs] = []
-            for p in range(row, row + count):
-                entry = {seq.prompt_token_ids[first + p - row]: Logprob(found.logprobs[p], found.ranks[p])}
-                top = zip(found.topk_ids[p][:width], found.topk_logprobs[p][:width], strict=True)
-                for rank, (token_id, logprob) in enumerate(top, start=1):
-                    entry.setdefault(token_id, Logprob(logprob, rank))
-                entries.append(entry)
-            row += count
-            if seq.prompt_logprobs is not None:
-                del seq.prompt_logprobs[first - 1:]
-                seq.prompt_logprobs.extend(entries)
 
     def _report(self, sampling: list[ScheduledSeq], result: StepResult,
                 batch: SamplingBatch | None) -> list[SequenceUpdate]:
