@@ -1,0 +1,135 @@
+"""Small-batch decode: milliseconds per token at batch 1, the share of the floor at batch 16 and 64, and a
+profile of one batch-1 decode step (kernels per step, time per kernel class). Run on a CUDA GPU.
+
+    python3 scripts/small_batch_profile.py [SHAPE] [--out DIR] [--no-profile]
+
+SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cached).
+- batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs; ms per token is the mean step time.
+- batch 16 / 64: perf_sweep's definition (context 1,024, 64 timed steps; floor = weights + KV bytes read per
+  step over the copy bandwidth measured in the same process).
+- profile: 20 batch-1 steps under torch.profiler with CUDA graphs (kernels inside the graph are traced);
+  kernels are grouped by class from their names. Prints one JSON line per measure and writes profile.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
+from nv_engine.entrypoints.bench import checkpoint_parameters, copy_bandwidth
+from nv_engine.llm import LLM
+from perf_sweep import fill_decode, timed_decode
+
+# kernel class by the first pattern its (lower-cased) name matches
+KERNEL_CLASSES = [
+    ("gemm", r"gemm|gemv|cutlass|sm90_xmma|nvjet|matmul|splitk|ampere_bf16|cublas"),
+    ("attention", r"attn|attention|decode_kernel|paged|flash"),
+    ("norm", r"norm"),
+    ("rope / kv store", r"rope|rotary|store|cache"),
+    ("activation", r"silu|act_and_mul|gelu"),
+    ("sampler", r"sampl|argmax|topk|top_k|softmax|gumbel|exponential|philox|random"),
+    ("elementwise / copy", r"elementwise|vectorized|copy|fill|add|mul|index|cat|reduce"),
+]
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, pattern in KERNEL_CLASSES:
+        if re.search(pattern, low):
+            return cls
+    return "other"
+
+
+def batch_one_ms(engine, prompt_len: int, steps: int) -> float:
+    ids = fill_decode(engine, 1, prompt_len, steps + 20, "b1")
+    for _ in range(5):
+        engine.step()
+    seconds = timed_decode(engine, steps)
+    engine.abort_request(ids)
+    return 1e3 * seconds / steps
+
+
+def profile_batch_one(engine, out: Path) -> dict:
+    ids = fill_decode(engine, 1, 512, 200, "prof")
+    for _ in range(5):
+        engine.step()
+    steps = 20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    engine.abort_request(ids)
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[ev.key][0] += t / steps
+            per_kernel[ev.key][1] += ev.count / steps
+    classes: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for name, (t, n) in per_kernel.items():
+        classes[kernel_class(name)][0] += t
+        classes[kernel_class(name)][1] += n
+    total_t = sum(t for t, _ in classes.values())
+    total_n = sum(n for _, n in classes.values())
+    lines = ["| kernel class | kernels per step | GPU time per step (us) | share |", "|---|---|---|---|"]
+    for cls, (t, n) in sorted(classes.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"| {cls} | {n:.0f} | {t:.1f} | {t / total_t:.1%} |")
+    lines.append(f"| **all** | {total_n:.0f} | {total_t:.1f} | 100% |")
+    lines += ["", "| kernel | per step | us per step | us per call |", "|---|---|---|---|"]
+    for name, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:30]:
+        lines.append(f"| `{name[:90]}` | {n:.0f} | {t:.1f} | {t / max(n, 1e-9):.2f} |")
+    (out / "profile.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return {"kernels_per_step": total_n, "gpu_us_per_step": total_t,
+            "classes": {c: {"kernels": n, "us": t} for c, (t, n) in classes.items()}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("shape", nargs="?", default="qwen3-0.6b")
+    p.add_argument("--out", default=".")
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--batches", default="16,64")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = str(nv_cache_dir() / f"bench-random-{args.shape}-bf16")
+    if not (Path(model) / "model.safetensors").exists() and not list(Path(model).glob("*.safetensors")):
+        write_random_checkpoint(model, args.shape, dtype="bfloat16")
+    started = time.perf_counter()
+    llm = LLM(model, max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=0.6)
+    start_s = time.perf_counter() - started
+    engine = llm.llm_engine
+    ms = batch_one_ms(engine, 512, 512)
+    print(json.dumps({"shape": args.shape, "measure": "batch1_ms_per_token", "value": round(ms, 4),
+                      "start_s": round(start_s, 1)}), flush=True)
+    hf = llm.config.hf_config
+    itemsize = torch.empty(0, dtype=llm.config.dtype).element_size()
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * itemsize
+    bandwidth = copy_bandwidth(torch.device("cuda:0"))
+    weight_bytes = checkpoint_parameters(model) * itemsize
+    print(json.dumps({"measure": "batch1_floor_ms", "value": round(1e3 * weight_bytes / bandwidth, 4),
+                      "copy_bw_GBs": round(bandwidth / 1e9)}), flush=True)
+    for batch in [int(b) for b in args.batches.split(",") if b]:
+        steps, ctx = 64, 1024
+        ids = fill_decode(engine, batch, ctx, steps + 40, f"b{batch}")
+        seconds = timed_decode(engine, steps)
+        engine.abort_request(ids)
+        floor_step = (weight_bytes + batch * (ctx + 1 + steps / 2) * kv_per_token) / bandwidth
+        tok_s = batch * steps / seconds
+        print(json.dumps({"measure": f"batch{batch}_floor_share", "value": round(tok_s / (batch / floor_step), 4),
+                          "tok_s": round(tok_s), "step_ms": round(1e3 * seconds / steps, 4)}), flush=True)
+    if not args.no_profile:
+        print(json.dumps({"measure": "profile", **profile_batch_one(engine, out)}), flush=True)
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
