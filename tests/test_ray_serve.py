@@ -98,18 +98,24 @@ def test_args_are_nv_serve_flags_plus_deployment_options():
     args = RayAppArgs.from_builder_args({
         "model": "/models/m", "tensor-parallel-size": "2", "served_model_name": ["a", "b"],
         "enable_prefix_caching": "false", "enable_auto_tool_choice": True, "tool_call_parser": "hermes",
-        "kv_events_config": {"publisher": "zmq", "endpoint": "tcp://*:5557"}, "seed": -1,
+        "kv_events_config": {"enable_kv_cache_events": True, "endpoint": "tcp://*:5557"}, "seed": -1,
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 4}})
     ns = args.server_args
     assert (ns.model, ns.tensor_parallel_size, ns.served_model_name) == ("/models/m", 2, ["a", "b"])
     assert ns.enable_prefix_caching is False and ns.enable_auto_tool_choice is True and ns.seed == -1
-    assert ns.kv_events_config == {"publisher": "zmq", "endpoint": "tcp://*:5557"}
+    assert ns.kv_events_config == {"enable_kv_cache_events": True, "endpoint": "tcp://*:5557"}
     assert args.deployment_options == {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4},
                                        "ray_actor_options": {"num_gpus": 2}, "max_ongoing_requests": 512}
     on_cpu = RayAppArgs.from_builder_args({"model": "m", "device": "cpu", "max_num_seqs": 8,
                                            "ray_actor_options": {"num_cpus": 2}})
     assert on_cpu.deployment_options == {"ray_actor_options": {"num_cpus": 2, "num_gpus": 0},
                                          "max_ongoing_requests": 16}
+    # `serve run nv_engine.ray_serve:build_app model=m num_replicas=2 ...`: every value is a string
+    from_cli = RayAppArgs.from_builder_args({"model": "m", "num_replicas": "2", "max_ongoing_requests": "32",
+                                             "ray_actor_options": '{"num_cpus": 2}', "max_model_len": "4096"})
+    assert from_cli.server_args.max_model_len == 4096
+    assert from_cli.deployment_options == {"num_replicas": 2, "max_ongoing_requests": 32,
+                                           "ray_actor_options": {"num_cpus": 2, "num_gpus": 1}}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -120,6 +126,7 @@ def test_args_are_nv_serve_flags_plus_deployment_options():
     ({"model": "m", "enable_prefix_caching": "maybe"}, "takes true or false"),
     ({"model": "m", "max_in_flight_requests": 0}, "max_in_flight_requests must be at least 1"),
     ({"model": "m", "tool_call_parser": "nope"}, "invalid choice"),
+    ({"model": "m", "num_replicas": "two"}, "num_replicas: cannot read 'two'"),
 ])
 def test_bad_args_fail_before_any_replica_starts(args, message):
     with pytest.raises(ValueError, match=message):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +12,15 @@ from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.cli import add_server_arguments
 from nv_engine.entrypoints.server.limits import ServerLimits
 
-# Keys that configure the Ray Serve deployment (passed to `Deployment.options`), not nv.
-DEPLOYMENT_OPTION_KEYS = frozenset({
-    "num_replicas", "autoscaling_config", "ray_actor_options", "max_ongoing_requests", "max_queued_requests",
-    "health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s",
-    "graceful_shutdown_wait_loop_s"})
+# Keys that configure the Ray Serve deployment (passed to `Deployment.options`), not nv, with the type a
+# string value (`serve run ... key=value`) is read as; Ray checks the values themselves.
+DEPLOYMENT_OPTION_TYPES: dict[str, Callable[[str], Any]] = {
+    "num_replicas": lambda text: text if text == "auto" else int(text),
+    "autoscaling_config": json.loads, "ray_actor_options": json.loads,
+    "max_ongoing_requests": int, "max_queued_requests": int,
+    "health_check_period_s": float, "health_check_timeout_s": float,
+    "graceful_shutdown_timeout_s": float, "graceful_shutdown_wait_loop_s": float}
+DEPLOYMENT_OPTION_KEYS = frozenset(DEPLOYMENT_OPTION_TYPES)
 
 # `nv serve` flags that Ray Serve owns under Ray: its proxy binds the address, the route prefix sets the path.
 RAY_OWNED_FLAGS = {"host": "http_options.host", "port": "http_options.port", "root_path": "route_prefix",
@@ -45,7 +49,7 @@ class RayAppArgs:
         for key, value in args.items():
             name = str(key).replace("-", "_")
             if name in DEPLOYMENT_OPTION_KEYS:
-                options[name] = value
+                options[name] = RayAppArgs._option_value(name, value)
             elif name in RAY_OWNED_FLAGS:
                 raise ValueError(f"{key!r} is set by Ray Serve ({RAY_OWNED_FLAGS[name]}), not by nv's args")
             else:
@@ -89,6 +93,16 @@ class RayAppArgs:
             return parser.parse_args(argv)
         except argparse.ArgumentError as exc:
             raise ValueError(f"nv on Ray Serve: {exc}") from exc
+
+    @staticmethod
+    def _option_value(name: str, value: Any) -> Any:
+        """A deployment option as Ray takes it: strings are read by the option's type, the rest passes as is."""
+        if not isinstance(value, str):
+            return value
+        try:
+            return DEPLOYMENT_OPTION_TYPES[name](value)
+        except ValueError as exc:   # json.JSONDecodeError is a ValueError
+            raise ValueError(f"{name}: cannot read {value!r}: {exc}") from exc
 
     @staticmethod
     def _flag_argv(action: argparse.Action, value: Any) -> list[str]:
