@@ -5,6 +5,7 @@ their checks, the deployment's options with their defaults."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def ray_app(tiny_qwen3_dir: Path):
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_app({"model": str(tiny_qwen3_dir), "served_model_name": MODEL, "num_replicas": 2,
-                         "ray_actor_options": {"num_cpus": 1}, **ENGINE_ARGS})
+                         "ray_actor_options": {"num_cpus": 1}, "health_check_period_s": 1, **ENGINE_ARGS})
         serve.run(app, name="nv", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -93,7 +94,59 @@ def test_a_bad_request_gets_the_openai_error_through_ray(client):
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
 
 
+def _replica_ids(client, count: int) -> set[str]:
+    ids = set()
+    for _ in range(count):
+        raw = client.completions.with_raw_response.create(model=MODEL, prompt=PROMPT, max_tokens=1)
+        ids.add(raw.headers[REPLICA_HEADER])
+    return ids
+
+
+def test_a_replica_whose_engine_core_died_is_replaced(client, reference_text):
+    """The engine core of one replica is killed: Ray's health check marks that replica unhealthy and starts
+    a replacement, and the application ends up with two replicas answering the greedy text again."""
+    psutil = pytest.importorskip("psutil")
+    before = _replica_ids(client, 20)
+    # Ray's processes descend from this one (ray.init started the node); a replica's engine core is its child
+    replica = next(p for p in psutil.Process().children(recursive=True)
+                   if any(f"ServeReplica:nv:{DEPLOYMENT_NAME}" in part for part in p.cmdline()))
+    # the engine core is the replica's spawned child (the others: multiprocessing's resource tracker)
+    (core,) = [child for child in replica.children() if "spawn_main" in " ".join(child.cmdline())]
+    core.kill()
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        status = serve.status().applications["nv"].deployments[DEPLOYMENT_NAME]
+        if status.replica_states == {"RUNNING": 2}:
+            try:
+                after = _replica_ids(client, 20)
+            except openai.APIStatusError:   # the dead replica, before its health check failed
+                after = set()
+            if len(after) == 2 and after != before:
+                break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"no replacement replica: {serve.status().applications['nv']}")
+    assert len(after & before) == 1   # the healthy replica stayed, the other one is new
+    answer = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=12,
+                                       extra_body={"ignore_eos": True})
+    assert answer.choices[0].text == reference_text
+
+
 # ---- build_app's args (no cluster needed) ---------------------------------------------------------------
+def test_the_readme_config_is_a_valid_serve_config_that_builds():
+    """The `serve run` config README.md shows: Ray's schema accepts it and build_app builds its args."""
+    yaml = pytest.importorskip("yaml")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Serving on Ray Serve", 1)[1]
+    config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    schema = serve.schema.ServeDeploySchema.parse_obj(config)
+    (application,) = schema.applications
+    assert application.import_path == "nv_engine.ray_serve:build_app"
+    assert isinstance(build_app(application.args), serve.Application)
+    options = RayAppArgs.from_builder_args(application.args).deployment_options
+    assert options["ray_actor_options"] == {"num_gpus": 2}   # tensor_parallel_size GPUs per replica
+
+
 def test_args_are_nv_serve_flags_plus_deployment_options():
     args = RayAppArgs.from_builder_args({
         "model": "/models/m", "tensor-parallel-size": "2", "served_model_name": ["a", "b"],
