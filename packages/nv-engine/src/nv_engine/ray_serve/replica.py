@@ -1,7 +1,7 @@
 """NVReplica: the class of nv's Ray Serve deployment (one object per replica)."""
 from __future__ import annotations
 
-from typing import Any
+from fastapi import FastAPI
 
 
 class NVReplica:
@@ -15,7 +15,7 @@ class NVReplica:
 
     # nv's FastAPI app; Ray's ingress wrapper provides it as the property `app`
     # (a bare annotation, so the wrapper's property is what the attribute lookup finds).
-    app: Any
+    app: FastAPI
 
     def check_health(self) -> None:
         engine = self.app.state.nv.engine
