@@ -22,7 +22,7 @@ from nv_engine.ray_serve import DEPLOYMENT_NAME, build_app  # noqa: E402
 from nv_engine.ray_serve.app_args import RayAppArgs  # noqa: E402
 from nv_engine.ray_serve.replica_header import REPLICA_HEADER  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(420)   # a hang guard: the module takes well under a minute of CPU
 
 MODEL = "tiny"
 ENGINE_ARGS = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=8,
