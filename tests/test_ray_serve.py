@@ -1,7 +1,8 @@
 """nv on Ray Serve: a local Ray cluster (loopback only, no dashboard, no usage statistics) serves two
 replicas of the tiny random Qwen3 through Ray's HTTP proxy; the openai client gets the offline LLM's
-greedy text from each replica, plain and streamed. And `build_app`'s args: `nv serve`'s flags with
-their checks, the deployment's options with their defaults."""
+greedy text from each replica, plain and streamed; a replica whose engine core dies is replaced (Ray's
+health check). And `build_app`'s args: `nv serve`'s flags with their checks, the deployment's options with
+their defaults, the README's `serve run` config."""
 from __future__ import annotations
 
 import os
