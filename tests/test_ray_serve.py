@@ -31,6 +31,25 @@ ENGINE_ARGS = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seq
 PROMPT = "The quick brown fox"
 
 
+def _compile_ray_bytecode() -> None:
+    """Ray's agent processes must start within the raylet's fixed timeout (15 s). Where bytecode is never
+    written (PYTHONDONTWRITEBYTECODE=1, as on some CI machines) every one of them compiles Ray and its
+    dependencies from source and misses it on a 2-core machine; compiling once here (a no-op when the
+    bytecode is already there and current) avoids that."""
+    import compileall
+    import importlib.util
+
+    for package in ("ray", "aiohttp", "grpc", "google.protobuf", "opencensus", "pydantic", "starlette",
+                    "fastapi", "uvicorn", "msgpack", "yaml", "colorful", "smart_open", "prometheus_client"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            for location in spec.submodule_search_locations:
+                compileall.compile_dir(location, quiet=2, workers=2)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -40,6 +59,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ray_app(tiny_qwen3_dir: Path):
     """Ray on loopback with two replicas of nv; yields the proxy's base URL."""
+    _compile_ray_bytecode()
     ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=4,
              log_to_driver=False)
     try:
