@@ -249,10 +249,12 @@ def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.d
     return heuristic_config(weight_rows, k, m, gated, num_sms)
 
 
-def skinny_gemm_applies(x: Tensor, weight: Tensor) -> bool:
-    """Whether the layers should call `skinny_gemm` for x [..., K] @ weight [N_w, K]^T: the switch is on,
-    fused ops run on these tensors (CUDA), both are bf16 / fp16 of one dtype and x has 1..MAX_M rows."""
+def skinny_gemm_applies(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether the layers should call `skinny_gemm` for x [..., K] @ weight [N_w, K]^T (+ bias): the switch
+    is on, fused ops run on these tensors (CUDA), all are bf16 / fp16 of one dtype and x has 1..MAX_M rows."""
     if not _enabled or x.dtype not in DTYPES or weight.dtype != x.dtype or weight.dim() != 2 or x.dim() < 1:
+        return False
+    if bias is not None and (bias.dtype != x.dtype or bias.shape != (weight.shape[0],)):
         return False
     rows = math.prod(x.shape[:-1])
     return 0 < rows <= MAX_M and x.shape[-1] == weight.shape[1] and fused_ops_enabled(x, weight)
