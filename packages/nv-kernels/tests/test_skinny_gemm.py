@@ -17,8 +17,14 @@ import pytest
 import torch
 
 from nv_kernels.fused_dispatch import fused_ops
-from nv_kernels.skinny_gemm import (MAX_M, SkinnyGemmConfig, choose_config, set_skinny_gemm, skinny_gemm_applies,
-                                    skinny_gemm_torch)
+from nv_kernels.skinny_gemm import (
+    MAX_M,
+    SkinnyGemmConfig,
+    choose_config,
+    set_skinny_gemm,
+    skinny_gemm_applies,
+    skinny_gemm_torch,
+)
 from nv_kernels.testing import interpreted_triton_modules, relative_error
 
 PLAIN_TOL = 8e-3    # the output rounded to bf16 once (2^-9 relative) with margin
@@ -110,6 +116,7 @@ def test_fp16_and_leading_dims(interp: ModuleType, poisoned: None) -> None:
 
 def test_rejects_what_it_cannot_compute(interp: ModuleType) -> None:
     x, w, b = operands(MAX_M + 1, 32, 16, torch.bfloat16, True)
+    assert b is not None
     with pytest.raises(ValueError, match="at most 16 rows"):
         interp.skinny_gemm(x, w)
     with pytest.raises(ValueError, match="bf16 / fp16"):
@@ -147,6 +154,7 @@ def test_heuristic_covers_the_machine_and_tuned_configs_win(monkeypatch: pytest.
 
 def test_dispatch_condition() -> None:
     x, w, b = operands(MAX_M, 32, 16, torch.bfloat16, True)
+    assert b is not None
     with fused_ops("auto"):
         assert not skinny_gemm_applies(x, w, b) or torch.cuda.is_available()   # CPU: torch unless forced
     with fused_ops("off"):

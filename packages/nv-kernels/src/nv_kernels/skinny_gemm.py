@@ -210,7 +210,7 @@ def _split_k_reduce_kernel(PART, BIAS, OUT, M, N, stride_ps, stride_pm, stride_o
     tl.store(OUT + row * stride_om + cols, y, mask=mask)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return DEFAULT_NUM_SMS
