@@ -45,8 +45,8 @@ def sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemm
     """The heuristic's configuration first, then a small grid around it (--full: a wider one)."""
     base = heuristic_config(rows, k, m, gated, torch.cuda.get_device_properties(0).multi_processor_count)
     block_ns = (16, 32, 64) if full else (16, 32)
-    block_ks = (128, 256, 512) if full else (128, 256)
-    splits = sorted({base.split_k, 2 * base.split_k})
+    block_ks = (64, 128, 256, 512) if full else (128, 256, 512)
+    splits = sorted({max(1, base.split_k // 2), base.split_k, 2 * base.split_k})
     dots = (False,) if m == 1 else (True, False) if m <= 2 else (True,)
     warps = (4, 8) if full else (4,)
     stages = (base.num_stages,)
@@ -60,7 +60,7 @@ def sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemm
     return configs
 
 
-def graph_us(fns: list[Callable[[], object]], replays: int = 30) -> float:
+def graph_us(fns: list[Callable[[], object]], replays: int = 20) -> float:
     """Median microseconds per call of fns run back to back in one CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
