@@ -47,7 +47,7 @@ def sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemm
     block_ns = (16, 32, 64) if full else (16, 32)
     block_ks = (64, 128, 256, 512) if full else (128, 256, 512)
     splits = sorted({max(1, base.split_k // 2), base.split_k, 2 * base.split_k})
-    dots = (False,) if m == 1 else (True, False) if m <= 2 else (True,)
+    dots = (True, False) if m <= 2 else (True,)
     warps = (4, 8) if full else (4,)
     stages = (base.num_stages,)
     configs = [base, SkinnyGemmConfig(**{**base.__dict__, "num_warps": 8})]

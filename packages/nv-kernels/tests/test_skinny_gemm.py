@@ -78,9 +78,9 @@ def test_plain_default_config(interp: ModuleType, poisoned: None, m: int, k: int
 
 # Split-K over 2 or 3 programs per column block, K tails that are not whole blocks, both inner products.
 SPLIT_CASES = [
-    (2, 96, 40, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2)),                 # N tail, M_PAD 2
+    (2, 96, 40, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=False)),  # N tail, M_PAD 2
     (5, 100, 64, SkinnyGemmConfig(block_n=16, block_k=32, split_k=3, use_dot=True)),  # K tail in the last split
-    (1, 128, 48, SkinnyGemmConfig(block_n=32, block_k=16, split_k=4)),
+    (1, 128, 48, SkinnyGemmConfig(block_n=32, block_k=16, split_k=4, use_dot=False)),
 ]
 
 
@@ -93,10 +93,10 @@ def test_split_k(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, 
 
 
 @pytest.mark.parametrize("m,k,rows,bias,config", [
-    (1, 64, 64, False, None),
+    (1, 64, 64, False, SkinnyGemmConfig(block_n=16, block_k=32, use_dot=False)),   # the GEMV, two K steps
     (3, 128, 96, True, None),
     (16, 64, 64, True, SkinnyGemmConfig(block_n=16, block_k=16, split_k=2, use_dot=True)),
-    (3, 80, 48, False, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2)),
+    (3, 80, 48, False, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=False)),
 ])
 def test_gated_silu_and_mul(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, bias: bool,
                             config: SkinnyGemmConfig | None) -> None:
@@ -128,7 +128,7 @@ def test_rejects_what_it_cannot_compute(interp: ModuleType) -> None:
     with pytest.raises(ValueError, match="bias must be"):
         interp.skinny_gemm(x[:2], w, b[:8])
     with pytest.raises(ValueError, match="power of two"):
-        SkinnyGemmConfig(block_n=24)
+        SkinnyGemmConfig(block_n=24, use_dot=False)
     with pytest.raises(ValueError, match="at least 16"):
         SkinnyGemmConfig(block_n=8, use_dot=True)
     assert interp.skinny_gemm(x[:0], w).shape == (0, 16)
@@ -144,8 +144,7 @@ def test_heuristic_covers_the_machine_and_tuned_configs_win(monkeypatch: pytest.
         assert cfg.split_k > 1 and (1024 // cfg.block_n) * cfg.split_k >= sms
         assert k // cfg.split_k >= 2 * cfg.block_k                       # each split keeps two K steps
     gate_up = choose_config(2 * 12288, 4096, 16, gated=True)              # 8B gate_up: columns alone suffice
-    assert gate_up.split_k == 1 and gate_up.use_dot
-    assert not choose_config(4096, 1024, 1, gated=False).use_dot          # M = 1: the CUDA-core GEMV
+    assert gate_up.split_k == 1 and gate_up.block_n == 32 and gate_up.use_dot
     tuned = SkinnyGemmConfig(block_n=64, block_k=128, split_k=2, num_warps=8)
     monkeypatch.setitem(skinny.TUNED_CONFIGS, (4096, 1024, 4, False), tuned)
     assert choose_config(4096, 1024, 3, gated=False) is tuned              # M 3 is in the bucket of 4

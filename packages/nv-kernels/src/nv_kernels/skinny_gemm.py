@@ -9,7 +9,7 @@ applies the epilogue (no atomics, no zero-fill: CUDA-graph safe and deterministi
 
 Variants (constexpr):
   USE_DOT   M padded to 16 and tl.dot on the tensor cores; else a broadcast multiply-reduce on the CUDA
-            cores with M padded to a power of two (the GEMV of M = 1).
+            cores with M padded to a power of two (for M = 1 the classic GEMV, x broadcast over the tile).
   GATED     the gate_up projection of a SwiGLU MLP with SiLU-and-mul fused: W holds [gate; up] stacked
             (N_w = 2 I rows, as MergedColumnParallelLinear stores them); output column j needs rows j and
             j + I, and out[M, I] = silu(gate) * up.
@@ -65,7 +65,7 @@ class SkinnyGemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    use_dot: bool = False
+    use_dot: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -112,8 +112,10 @@ def _rows_times_x(x_ptrs, w_ptrs, m_mask, n_mask, k_lo, k_hi, M_PAD: tl.constexp
     rk = tl.arange(0, BLOCK_K)
     if USE_DOT:
         acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    elif M_PAD == 1:   # the GEMV: x [1, BLOCK_K] broadcasts over the weight tile, no 3-D layout to convert to
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)               # reduced over K once, at the end
     else:
-        acc3 = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)    # reduced over K once, at the end
+        acc3 = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
             x = tl.load(x_ptrs + k0, mask=m_mask[:, None], other=0.0)                  # [M_PAD, BLOCK_K]
@@ -127,12 +129,17 @@ def _rows_times_x(x_ptrs, w_ptrs, m_mask, n_mask, k_lo, k_hi, M_PAD: tl.constexp
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
             acc = tl.dot(x, tl.trans(w), acc)
+        elif M_PAD == 1:
+            acc2 += w.to(tl.float32) * x.to(tl.float32)
         else:
             acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]  # [M_PAD, BLOCK_N, BLOCK_K]
+    # tl.sum's own combine function: compiled, the same reduction as tl.sum; interpreted, numpy's sum
+    # (a combine function of this module would run element by element there)
     if not USE_DOT:
-        # tl.sum's own combine function: compiled, the same reduction as tl.sum; interpreted, numpy's sum
-        # (a combine function of this module would run element by element there)
-        acc = tl.reduce(acc3, 2, tl.standard._sum_combine)
+        if M_PAD == 1:
+            acc = tl.reduce(acc2, 1, tl.standard._sum_combine)[None, :]
+        else:
+            acc = tl.reduce(acc3, 2, tl.standard._sum_combine)
     return acc
 
 
@@ -226,17 +233,18 @@ def heuristic_config(weight_rows: int, k: int, m: int, gated: bool, num_sms: int
                      ) -> SkinnyGemmConfig:
     """Enough programs to cover every SM: BLOCK_N 16 (32 when the columns alone give two waves), then
     split K in two until the programs cover the SMs or a split would hold fewer than two K steps.
-    M = 1 runs on the CUDA cores; larger M on the tensor cores (M padded to 16)."""
+    Every M on the tensor cores (M padded to 16): the weight tiles feeding tl.dot are software-pipelined
+    (num_stages cp.async copies in flight per program), the CUDA-core GEMV's loads are not."""
     n_out = weight_rows // 2 if gated else weight_rows
-    use_dot = m > 1
+    use_dot = True
     block_k = min(256, max(16, next_power_of_2(k)))
     block_n = 32 if math.ceil(n_out / 32) >= 2 * num_sms else 16
     column_blocks = math.ceil(n_out / block_n)
     split_k = 1
     while column_blocks * split_k < num_sms and k // (2 * split_k) >= 2 * block_k:
         split_k *= 2
-    return SkinnyGemmConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4,
-                            num_stages=3 if use_dot else 2, use_dot=use_dot)
+    return SkinnyGemmConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3,
+                            use_dot=use_dot)
 
 
 def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.device | None = None
