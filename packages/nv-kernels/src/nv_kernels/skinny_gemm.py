@@ -105,42 +105,77 @@ def set_skinny_gemm(enabled: bool) -> bool:
 
 
 @triton_jit
-def _rows_times_x(x_ptrs, w_ptrs, m_mask, n_mask, k_lo, k_hi, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """sum over k in [k_lo, k_hi) of x[m, k] * w[n, k] -> [M_PAD, BLOCK_N] fp32.
-    x_ptrs [M_PAD, BLOCK_K] and w_ptrs [BLOCK_N, BLOCK_K] point at k = 0..BLOCK_K-1 of their rows."""
-    rk = tl.arange(0, BLOCK_K)
+def _zero_sums(M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
+    """The running sums of one weight tile: [M_PAD, BLOCK_N] for tl.dot; the CUDA-core paths keep products
+    per K lane ([BLOCK_N, BLOCK_K] for the GEMV, [M_PAD, BLOCK_N, BLOCK_K] else) and reduce them once."""
     if USE_DOT:
-        acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-    elif M_PAD == 1:   # the GEMV: x [1, BLOCK_K] broadcasts over the weight tile, no 3-D layout to convert to
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)               # reduced over K once, at the end
+        sums = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    elif M_PAD == 1:
+        sums = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
-        acc3 = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        sums = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    return sums
+
+
+@triton_jit
+def _accumulate(sums, x, w, M_PAD: tl.constexpr, USE_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """sums += x [M_PAD, BLOCK_K] times w [BLOCK_N, BLOCK_K] in the layout of _zero_sums."""
+    if USE_DOT:
+        if DOT_IN_FP32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        sums = tl.dot(x, tl.trans(w), sums)
+    elif M_PAD == 1:   # the GEMV: x [1, BLOCK_K] broadcasts over the tile, no 3-D layout to convert to
+        sums += w.to(tl.float32) * x.to(tl.float32)
+    else:
+        sums += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return sums
+
+
+@triton_jit
+def _reduced(sums, M_PAD: tl.constexpr, USE_DOT: tl.constexpr):
+    """The [M_PAD, BLOCK_N] fp32 result of _zero_sums / _accumulate sums. tl.sum's own combine function:
+    compiled, the reduction tl.sum emits; interpreted, numpy's sum (one of this module would run per element)."""
+    if USE_DOT:
+        out = sums
+    elif M_PAD == 1:
+        out = tl.reduce(sums, 1, tl.standard._sum_combine)[None, :]
+    else:
+        out = tl.reduce(sums, 2, tl.standard._sum_combine)
+    return out
+
+
+@triton_jit
+def _rows_times_x(x_ptrs, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi, M_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, GATED: tl.constexpr,
+                  EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """sum over k in [k_lo, k_hi) of x[m, k] * w[n, k] -> [M_PAD, BLOCK_N] fp32, and with GATED the same
+    for the rows up_offset elements further (the up half) in the same loop; else the second result is the
+    first. x_ptrs [M_PAD, BLOCK_K] and w_ptrs [BLOCK_N, BLOCK_K] point at k = 0..BLOCK_K-1 of their rows."""
+    rk = tl.arange(0, BLOCK_K)
+    gate = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
+    up = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
-            x = tl.load(x_ptrs + k0, mask=m_mask[:, None], other=0.0)                  # [M_PAD, BLOCK_K]
-            w = tl.load(w_ptrs + k0, mask=n_mask[:, None], other=0.0)                  # [BLOCK_N, BLOCK_K]
+            x_mask = m_mask[:, None]
+            w_mask = n_mask[:, None]
         else:
             k_mask = (k0 + rk) < k_hi
-            x = tl.load(x_ptrs + k0, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if USE_DOT:
-            if DOT_IN_FP32:
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(x, tl.trans(w), acc)
-        elif M_PAD == 1:
-            acc2 += w.to(tl.float32) * x.to(tl.float32)
+            x_mask = m_mask[:, None] & k_mask[None, :]
+            w_mask = n_mask[:, None] & k_mask[None, :]
+        x = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)                              # [M_PAD, BLOCK_K]
+        w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)                              # [BLOCK_N, BLOCK_K]
+        if GATED:   # both tiles' loads in flight before either is used
+            w_up = tl.load(w_ptrs + up_offset + k0, mask=w_mask, other=0.0)
+            gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
+            up = _accumulate(up, x, w_up, M_PAD, USE_DOT, DOT_IN_FP32)
         else:
-            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]  # [M_PAD, BLOCK_N, BLOCK_K]
-    # tl.sum's own combine function: compiled, the same reduction as tl.sum; interpreted, numpy's sum
-    # (a combine function of this module would run element by element there)
-    if not USE_DOT:
-        if M_PAD == 1:
-            acc = tl.reduce(acc2, 1, tl.standard._sum_combine)[None, :]
-        else:
-            acc = tl.reduce(acc3, 2, tl.standard._sum_combine)
-    return acc
+            gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
+    gate_sums = _reduced(gate, M_PAD, USE_DOT)
+    up_sums = gate_sums
+    if GATED:
+        up_sums = _reduced(up, M_PAD, USE_DOT)
+    return gate_sums, up_sums
 
 
 @triton_jit
@@ -182,12 +217,9 @@ def _skinny_gemm_kernel(
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
     w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
-    acc = _rows_times_x(x_ptrs, w_ptrs, m_mask, n_mask, k_lo, k_hi, M_PAD, BLOCK_N, BLOCK_K, USE_DOT, EVEN_K,
-                         DOT_IN_FP32)
-    up = acc
-    if GATED:   # the up rows of these columns sit N rows further down
-        up = _rows_times_x(x_ptrs, w_ptrs + N * stride_wn, m_mask, n_mask, k_lo, k_hi, M_PAD, BLOCK_N, BLOCK_K,
-                           USE_DOT, EVEN_K, DOT_IN_FP32)
+    # GATED: the up rows of these columns sit N rows further down
+    acc, up = _rows_times_x(x_ptrs, w_ptrs, N.to(tl.int64) * stride_wn, m_mask, n_mask, k_lo, k_hi, M_PAD,
+                            BLOCK_N, BLOCK_K, USE_DOT, GATED, EVEN_K, DOT_IN_FP32)
     mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
     out_ptrs = OUT + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :]
     if PARTIAL:
