@@ -199,12 +199,13 @@ def _finish(acc, up, BIAS, OUT, cols, col_mask, N, GATED: tl.constexpr, HAS_BIAS
 
 @triton_jit(do_not_specialize=["M"])   # the batch size varies; M_PAD is its compile-time bucket
 def _skinny_gemm_kernel(
-    X, W, BIAS, OUT, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om, stride_os,
+    X, W, BIAS, OUT, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om, stride_os, up_offset,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
 ):
     # X [M, K], W [N_w, K] (N_w = 2N when GATED), grid (cdiv(N, BLOCK_N), SPLIT_K).
+    # GATED: the up rows of these columns sit N rows (up_offset = N * stride_wn elements) further down.
     # PARTIAL: OUT is fp32 [SPLIT_K, M, N_w] (stride_os between splits), sums before bias and epilogue;
     # else OUT is [M, N] in the model dtype.
     pid_n = tl.program_id(0)
@@ -218,8 +219,7 @@ def _skinny_gemm_kernel(
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
     w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
-    # GATED: the up rows of these columns sit N rows further down
-    acc, up = _rows_times_x(x_ptrs, w_ptrs, N.to(tl.int64) * stride_wn, m_mask, n_mask, k_lo, k_hi, M_PAD,
+    acc, up = _rows_times_x(x_ptrs, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi, M_PAD,
                             BLOCK_N, BLOCK_K, USE_DOT, GATED, EVEN_K, DOT_IN_FP32)
     mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
     out_ptrs = OUT + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :]
@@ -348,16 +348,18 @@ def skinny_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated:
     even_k = k % cfg.block_k == 0
     grid = (math.ceil(n_out / cfg.block_n), split_k)
     bias_arg = bias if bias is not None else x2
+    up_offset = n_out * weight.stride(0)                                   # gated: from a gate row to its up row
     common = dict(M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
                   HAS_BIAS=bias is not None, EVEN_K=even_k, DOT_IN_FP32=_DOT_IN_FP32,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split_k == 1:
         _skinny_gemm_kernel[grid](x2, weight, bias_arg, out2, m, n_out, k, k_per_split, x2.stride(0),
-                                  weight.stride(0), out2.stride(0), 0, PARTIAL=False, **common)
+                                  weight.stride(0), out2.stride(0), 0, up_offset, PARTIAL=False, **common)
         return out
     partials = _empty((split_k, m, weight_rows), dtype=torch.float32, device=x.device)   # [S, M, N_w]
     _skinny_gemm_kernel[grid](x2, weight, bias_arg, partials, m, n_out, k, k_per_split, x2.stride(0),
-                              weight.stride(0), partials.stride(1), partials.stride(0), PARTIAL=True, **common)
+                              weight.stride(0), partials.stride(1), partials.stride(0), up_offset, PARTIAL=True,
+                              **common)
     block = min(1024, next_power_of_2(n_out))
     _split_k_reduce_kernel[(m, math.ceil(n_out / block))](
         partials, bias_arg, out2, m, n_out, partials.stride(0), partials.stride(1), out2.stride(0),
