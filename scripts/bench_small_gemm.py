@@ -45,7 +45,7 @@ SHAPES = {
 
 def sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemmConfig]:
     """The heuristic's configuration first, then a small grid around it (--full: a wider one)."""
-    base = heuristic_config(rows, k, gated, torch.cuda.get_device_properties(0).multi_processor_count)
+    base = heuristic_config(rows, k, m, gated, torch.cuda.get_device_properties(0).multi_processor_count)
     block_ns = (16, 32, 64) if full else (16, 32)
     block_ks = (64, 128, 256, 512) if full else (128, 256, 512)
     splits = sorted({max(1, base.split_k // 2), base.split_k, 2 * base.split_k})

@@ -145,6 +145,7 @@ def test_heuristic_covers_the_machine_and_tuned_configs_win(monkeypatch: pytest.
         assert k // cfg.split_k >= 2 * cfg.block_k                       # each split keeps two K steps
     gate_up = choose_config(2 * 12288, 4096, 16, gated=True)              # 8B gate_up: columns alone suffice
     assert gate_up.split_k == 1 and gate_up.block_n == 32 and gate_up.use_dot
+    assert not choose_config(4096, 1024, 1, gated=False).use_dot          # M = 1: the CUDA-core GEMV
     tuned = SkinnyGemmConfig(block_n=64, block_k=128, split_k=2, num_warps=8)
     monkeypatch.setitem(skinny.TUNED_CONFIGS, (4096, 1024, 4, False), tuned)
     assert choose_config(4096, 1024, 3, gated=False) is tuned              # M 3 is in the bucket of 4

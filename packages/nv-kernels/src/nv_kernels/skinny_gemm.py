@@ -149,14 +149,16 @@ def _reduced(sums, M_PAD: tl.constexpr, USE_DOT: tl.constexpr):
 @triton_jit
 def _rows_times_x(x_ptrs, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi, M_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, GATED: tl.constexpr,
-                  EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+                  EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr):
     """sum over k in [k_lo, k_hi) of x[m, k] * w[n, k] -> [M_PAD, BLOCK_N] fp32, and with GATED the same
     for the rows up_offset elements further (the up half) in the same loop; else the second result is the
     first. x_ptrs [M_PAD, BLOCK_K] and w_ptrs [BLOCK_N, BLOCK_K] point at k = 0..BLOCK_K-1 of their rows."""
     rk = tl.arange(0, BLOCK_K)
     gate = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
     up = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    # num_stages on the loop itself: the weight loads are software-pipelined (cp.async) on every path, not
+    # only where they feed tl.dot
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
         if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
             x_mask = m_mask[:, None]
             w_mask = n_mask[:, None]
@@ -202,7 +204,7 @@ def _skinny_gemm_kernel(
     X, W, BIAS, OUT, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om, stride_os, up_offset,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     # X [M, K], W [N_w, K] (N_w = 2N when GATED), grid (cdiv(N, BLOCK_N), SPLIT_K).
     # GATED: the up rows of these columns sit N rows (up_offset = N * stride_wn elements) further down.
@@ -220,7 +222,7 @@ def _skinny_gemm_kernel(
     x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
     w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
     acc, up = _rows_times_x(x_ptrs, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi, M_PAD,
-                            BLOCK_N, BLOCK_K, USE_DOT, GATED, EVEN_K, DOT_IN_FP32)
+                            BLOCK_N, BLOCK_K, USE_DOT, GATED, EVEN_K, DOT_IN_FP32, NUM_STAGES)
     mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
     out_ptrs = OUT + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :]
     if PARTIAL:
@@ -262,11 +264,12 @@ def _m_bucket(m: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def heuristic_config(weight_rows: int, k: int, gated: bool, num_sms: int = DEFAULT_NUM_SMS) -> SkinnyGemmConfig:
+def heuristic_config(weight_rows: int, k: int, m: int, gated: bool, num_sms: int = DEFAULT_NUM_SMS
+                     ) -> SkinnyGemmConfig:
     """Enough programs to cover every SM: BLOCK_N 16 (32 when the columns alone give two waves), then
     split K in two until the programs cover the SMs or a split would hold fewer than two K steps.
-    Every M on the tensor cores (M padded to 16): the weight tiles feeding tl.dot are software-pipelined
-    (num_stages cp.async copies in flight per program), the CUDA-core GEMV's loads are not."""
+    M = 1: the CUDA-core GEMV (no padded rows in shared memory); larger M on the tensor cores (padded to 16).
+    Both pipeline their weight loads over num_stages."""
     n_out = weight_rows // 2 if gated else weight_rows
     block_k = min(256, max(16, next_power_of_2(k)))
     block_n = 32 if math.ceil(n_out / 32) >= 2 * num_sms else 16
@@ -275,7 +278,7 @@ def heuristic_config(weight_rows: int, k: int, gated: bool, num_sms: int = DEFAU
     while column_blocks * split_k < num_sms and k // (2 * split_k) >= 2 * block_k:
         split_k *= 2
     return SkinnyGemmConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3,
-                            use_dot=True)
+                            use_dot=m > 1)
 
 
 def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.device | None = None
@@ -285,7 +288,7 @@ def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.d
     if tuned is not None:
         return tuned
     num_sms = _num_sms(device) if device is not None else DEFAULT_NUM_SMS
-    return heuristic_config(weight_rows, k, gated, num_sms)
+    return heuristic_config(weight_rows, k, m, gated, num_sms)
 
 
 def skinny_gemm_applies(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -350,7 +353,7 @@ def skinny_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated:
     bias_arg = bias if bias is not None else x2
     up_offset = n_out * weight.stride(0)                                   # gated: from a gate row to its up row
     common = dict(M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
-                  HAS_BIAS=bias is not None, EVEN_K=even_k, DOT_IN_FP32=_DOT_IN_FP32,
+                  HAS_BIAS=bias is not None, EVEN_K=even_k, DOT_IN_FP32=_DOT_IN_FP32, NUM_STAGES=cfg.num_stages,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split_k == 1:
         _skinny_gemm_kernel[grid](x2, weight, bias_arg, out2, m, n_out, k, k_per_split, x2.stride(0),
