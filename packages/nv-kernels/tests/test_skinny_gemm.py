@@ -21,6 +21,7 @@ from nv_kernels.skinny_gemm import (
     MAX_M,
     SkinnyGemmConfig,
     choose_config,
+    heuristic_config,
     set_skinny_gemm,
     skinny_gemm_applies,
     skinny_gemm_torch,
@@ -140,16 +141,28 @@ def test_heuristic_covers_the_machine_and_tuned_configs_win(monkeypatch: pytest.
     sms = skinny.DEFAULT_NUM_SMS
     # 0.6B down (N 1024, K 3072) and o (N 1024, K 2048): 64 column blocks of 16, so K is split.
     for k in (3072, 2048):
-        cfg = choose_config(1024, k, 1, gated=False)
+        cfg = heuristic_config(1024, k, 1, gated=False, num_sms=sms)
         assert cfg.split_k > 1 and (1024 // cfg.block_n) * cfg.split_k >= sms
         assert k // cfg.split_k >= 2 * cfg.block_k                       # each split keeps two K steps
-    gate_up = choose_config(2 * 12288, 4096, 16, gated=True)              # 8B gate_up: columns alone suffice
+    gate_up = heuristic_config(2 * 12288, 4096, 16, gated=True, num_sms=sms)   # 8B gate_up: columns suffice
     assert gate_up.split_k == 1 and gate_up.block_n == 32 and gate_up.use_dot
-    assert not choose_config(4096, 1024, 1, gated=False).use_dot          # M = 1: the CUDA-core GEMV
+    assert not heuristic_config(4096, 1024, 1, gated=False, num_sms=sms).use_dot   # M = 1: the CUDA-core GEMV
     tuned = SkinnyGemmConfig(block_n=64, block_k=128, split_k=2, num_warps=8)
     monkeypatch.setitem(skinny.TUNED_CONFIGS, (4096, 1024, 4, False), tuned)
+    monkeypatch.delitem(skinny.TUNED_CONFIGS, (4096, 1024, 8, False), raising=False)
     assert choose_config(4096, 1024, 3, gated=False) is tuned              # M 3 is in the bucket of 4
     assert choose_config(4096, 1024, 8, gated=False) is not tuned
+
+
+def test_a_shape_where_torch_measured_faster_keeps_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nv_kernels.skinny_gemm as skinny
+
+    x, w, _ = operands(4, 32, 16, torch.bfloat16, False)
+    with fused_ops("on"):
+        monkeypatch.setitem(skinny.TUNED_CONFIGS, (16, 32, 4, False), SkinnyGemmConfig())
+        assert skinny_gemm_applies(x, w)
+        monkeypatch.setitem(skinny.TUNED_CONFIGS, (16, 32, 4, False), None)
+        assert not skinny_gemm_applies(x, w)
 
 
 def test_dispatch_condition() -> None:

@@ -81,7 +81,54 @@ class SkinnyGemmConfig:
 
 # (weight rows N_w, K, M bucket (next power of two of M), gated) -> the measured best configuration.
 # Filled from `scripts/bench_small_gemm.py --table` on the GPU; shapes not listed use the heuristic.
-TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig] = {}
+# Measured on an H200 (2026-12-01, scripts/bench_small_gemm.py, weights read from HBM): the fastest
+# configuration per (weight rows, K, M bucket, gated), or None where torch's GEMM measured faster (the
+# layers then keep F.linear). The gated rows stay on the skinny GEMM even where F.linear + SiLU-and-mul
+# timed slightly faster alone: inside the decode step cuBLAS picked a 12.8 us kernel for that shape.
+_C = SkinnyGemmConfig   # (block_n, block_k, split_k, num_warps, num_stages, use_dot)
+TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig | None] = {
+    # key: (weight rows, K, M bucket, gated); comment: shape, torch us / best skinny us
+    (4096, 1024, 1, False): None,  # 0.6b qkv: 5.15 / 5.51
+    (4096, 1024, 2, False): None,  # 0.6b qkv: 5.35 / 5.56
+    (4096, 1024, 4, False): None,  # 0.6b qkv: 5.38 / 5.62
+    (4096, 1024, 8, False): None,  # 0.6b qkv: 5.37 / 5.58
+    (4096, 1024, 16, False): None,  # 0.6b qkv: 5.36 / 5.58
+    (1024, 2048, 1, False): _C(16, 512, 4, 4, 2, False),  # 0.6b o: 13.04 / 5.59
+    (1024, 2048, 2, False): _C(32, 128, 4, 4, 3, True),  # 0.6b o: 12.77 / 5.75
+    (1024, 2048, 4, False): _C(32, 128, 4, 4, 3, True),  # 0.6b o: 8.60 / 5.75
+    (1024, 2048, 8, False): _C(32, 256, 4, 4, 3, True),  # 0.6b o: 5.91 / 5.83
+    (1024, 2048, 16, False): _C(32, 256, 4, 4, 3, True),  # 0.6b o: 5.92 / 5.79
+    (6144, 1024, 1, True): _C(16, 512, 1, 4, 2, False),  # 0.6b gate_up: 7.52 / 7.76
+    (6144, 1024, 2, True): _C(32, 256, 1, 4, 3, True),  # 0.6b gate_up: 7.46 / 7.97
+    (6144, 1024, 4, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.50 / 8.05
+    (6144, 1024, 8, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.40 / 7.99
+    (6144, 1024, 16, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.66 / 8.00
+    (1024, 3072, 1, False): _C(16, 512, 4, 4, 2, False),  # 0.6b down: 7.43 / 6.33
+    (1024, 3072, 2, False): _C(32, 128, 8, 4, 3, True),  # 0.6b down: 7.43 / 6.57
+    (1024, 3072, 4, False): _C(32, 128, 8, 4, 3, True),  # 0.6b down: 7.54 / 6.52
+    (1024, 3072, 8, False): _C(32, 256, 4, 4, 3, True),  # 0.6b down: 7.58 / 6.45
+    (1024, 3072, 16, False): _C(32, 256, 4, 4, 3, True),  # 0.6b down: 7.71 / 6.51
+    (6144, 4096, 1, False): _C(16, 512, 1, 4, 2, False),  # 8b qkv: 16.43 / 15.54
+    (6144, 4096, 2, False): None,  # 8b qkv: 16.30 / 16.39
+    (6144, 4096, 4, False): None,  # 8b qkv: 16.28 / 16.46
+    (6144, 4096, 8, False): None,  # 8b qkv: 16.04 / 16.58
+    (6144, 4096, 16, False): None,  # 8b qkv: 16.13 / 16.70
+    (4096, 4096, 1, False): _C(16, 512, 1, 4, 2, False),  # 8b o: 13.54 / 12.65
+    (4096, 4096, 2, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.42 / 12.30
+    (4096, 4096, 4, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.51 / 12.26
+    (4096, 4096, 8, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.37 / 12.23
+    (4096, 4096, 16, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.62 / 12.32
+    (24576, 4096, 1, True): _C(32, 256, 1, 4, 2, False),  # 8b gate_up: 50.94 / 51.90
+    (24576, 4096, 2, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 51.24 / 48.69
+    (24576, 4096, 4, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 52.18 / 49.49
+    (24576, 4096, 8, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 56.93 / 49.67
+    (24576, 4096, 16, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 53.05 / 50.77
+    (4096, 12288, 1, False): _C(32, 512, 2, 4, 2, False),  # 8b down: 30.04 / 29.09
+    (4096, 12288, 2, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 30.95 / 27.91
+    (4096, 12288, 4, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 29.81 / 28.15
+    (4096, 12288, 8, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 30.81 / 28.40
+    (4096, 12288, 16, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 29.15 / 28.62
+}
 
 
 def _switch_from_env() -> bool:
@@ -285,7 +332,7 @@ def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.d
                   ) -> SkinnyGemmConfig:
     """The tuned configuration of this shape and M bucket, else the heuristic's."""
     tuned = TUNED_CONFIGS.get((weight_rows, k, _m_bucket(m), gated))
-    if tuned is not None:
+    if tuned is not None:          # None (torch measured faster) only reaches here through a direct call
         return tuned
     num_sms = _num_sms(device) if device is not None else DEFAULT_NUM_SMS
     return heuristic_config(weight_rows, k, m, gated, num_sms)
@@ -299,7 +346,12 @@ def skinny_gemm_applies(x: Tensor, weight: Tensor, bias: Tensor | None = None) -
     if bias is not None and (bias.dtype != x.dtype or bias.shape != (weight.shape[0],)):
         return False
     rows = math.prod(x.shape[:-1])
-    return 0 < rows <= MAX_M and x.shape[-1] == weight.shape[1] and fused_ops_enabled(x, weight)
+    if not (0 < rows <= MAX_M and x.shape[-1] == weight.shape[1]):
+        return False
+    key = (weight.shape[0], weight.shape[1], _m_bucket(rows), False)
+    if key in TUNED_CONFIGS and TUNED_CONFIGS[key] is None:
+        return False               # torch measured faster at this plain shape
+    return fused_ops_enabled(x, weight)
 
 
 def skinny_gemm_torch(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated: bool = False) -> Tensor:
