@@ -26,8 +26,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 
 from nv_engine.config import EngineConfig
 from nv_engine.engine_core_client import EngineCoreClient
@@ -46,6 +45,7 @@ class DataParallelCoreClient:
         self._on_outputs = on_outputs
         self._on_dead = on_dead
         self.max_imbalance = config.max_num_seqs
+        self.prefers_cached_prefixes = config.enable_prefix_caching   # off: the cores cache nothing
         eos = sorted(eos_token_ids)
         self._lock = threading.Lock()            # _open, _load, _prefixes, _next
         self._callback_lock = threading.Lock()   # one callback into the frontend at a time
@@ -56,20 +56,26 @@ class DataParallelCoreClient:
         self._open: dict[str, tuple[int, set[int]]] = {}
         self._load = [0] * num_cores                # open requests per core
         self._next = 0                              # equal loads: the core whose turn it is
+        self._started = False                       # every core is ready
+        # the cores start together (each loads its model while the others do); if one fails, the
+        # others are shut down and its error raised
         self.clients: list[EngineCoreClient] = []
-        try:
-            for index in range(num_cores):
-                with self._visible_devices(config, index):
-                    client = EngineCoreClient(
-                        self._core_config(config, index), eos,
-                        on_outputs=lambda outputs, index=index: self._core_outputs(index, outputs),
-                        on_dead=lambda reason, index=index: self._core_dead(index, reason))
-                self.clients.append(client)
-                self._prefixes[index].capacity = int(client.ready["num_blocks"])
-        except BaseException:
+        with concurrent.futures.ThreadPoolExecutor(num_cores, thread_name_prefix="nv-core-start") as pool:
+            starts = [pool.submit(self._start_core, config, eos, index) for index in range(num_cores)]
+            concurrent.futures.wait(starts)
+        errors = [(index, start.exception()) for index, start in enumerate(starts) if start.exception() is not None]
+        self.clients = [start.result() for start in starts if start.exception() is None]
+        with self._callback_lock:       # a core that died while the others started fails the start too
+            self._started = True
+            errors += [(index, RuntimeError(client.dead_reason)) for index, client in enumerate(self.clients)
+                       if client.dead_reason is not None]
+        if errors:
             for client in self.clients:
                 client.shutdown(timeout=10.0)
-            raise
+            index, error = errors[0]
+            raise RuntimeError(f"engine core {index} of {num_cores} failed to start: {error}") from error
+        for prefixes, client in zip(self._prefixes, self.clients, strict=True):
+            prefixes.capacity = int(client.ready["num_blocks"])
         self.pids = [int(client.ready["pid"]) for client in self.clients]
         self.num_blocks_per_core = [int(client.ready["num_blocks"]) for client in self.clients]
         # the cores' KV blocks together (what the utilities' sums compare with)
@@ -77,28 +83,25 @@ class DataParallelCoreClient:
                       "num_blocks": sum(int(client.ready["num_blocks"]) for client in self.clients)}
 
     # ---- starting the cores ------------------------------------------------------------------
+    def _start_core(self, config: EngineConfig, eos_token_ids: list[int], index: int) -> EngineCoreClient:
+        return EngineCoreClient(self._core_config(config, index), eos_token_ids,
+                                on_outputs=lambda outputs: self._core_outputs(index, outputs),
+                                on_dead=lambda reason: self._core_dead(index, reason),
+                                env=self._core_environment(config, index))
+
     @staticmethod
-    @contextmanager
-    def _visible_devices(config: EngineConfig, index: int) -> Iterator[None]:
-        """While core `index` is spawned (the child copies the environment at start), its
-        CUDA_VISIBLE_DEVICES names its own tensor_parallel_size GPUs of the frontend's visible ones."""
+    def _core_environment(config: EngineConfig, index: int) -> dict[str, str]:
+        """Core `index`'s CUDA_VISIBLE_DEVICES: its own tensor_parallel_size GPUs of the frontend's
+        visible ones (nothing on CPU)."""
         if not config.is_cuda:
-            yield
-            return
+            return {}
         import torch
 
         before = os.environ.get("CUDA_VISIBLE_DEVICES")
         visible = (before.split(",") if before is not None
                    else [str(i) for i in range(torch.cuda.device_count())])
         tp = config.tensor_parallel_size
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[index * tp:(index + 1) * tp])
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ["CUDA_VISIBLE_DEVICES"]
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = before
+        return {"CUDA_VISIBLE_DEVICES": ",".join(visible[index * tp:(index + 1) * tp])}
 
     @staticmethod
     def _core_config(config: EngineConfig, index: int) -> EngineConfig:
@@ -168,7 +171,7 @@ class DataParallelCoreClient:
         turn = self._next
 
         def rank(index: int) -> tuple[int, int, int]:
-            matched = self._prefixes[index].match_length(hashes)
+            matched = self._prefixes[index].match_length(hashes) if self.prefers_cached_prefixes else 0
             if self._load[index] > least + self.max_imbalance:
                 matched = 0                      # too busy to be worth its cached prefix
             return matched, -self._load[index], -((index - turn) % num_cores)
@@ -264,6 +267,8 @@ class DataParallelCoreClient:
         self._forget(lost)
         reason = f"engine core {index}: {reason}"
         with self._callback_lock:
+            if not self._started:
+                return                  # the start fails with it (the constructor raises)
             if self.is_alive:
                 logger.error("%s; %d request(s) failed, the other cores serve on", reason, len(lost))
                 self._on_dead(reason, lost)
