@@ -191,3 +191,34 @@ def test_data_parallel_size_is_checked_and_has_a_flag(tiny_qwen3_dir):
     parser = EngineArgs.add_cli_arguments(argparse.ArgumentParser())
     assert parser.parse_args(["-dp", "3"]).data_parallel_size == 3
     assert parser.parse_args(["--data-parallel-size", "2"]).data_parallel_size == 2
+
+
+def test_an_in_process_engine_refuses_several_cores(tiny_qwen3_dir):
+    with pytest.raises(ValueError, match="data_parallel_size=2"):
+        LLM(str(tiny_qwen3_dir), data_parallel_size=2, **ENGINE_KWARGS)
+
+
+def test_the_prometheus_loggers_of_two_engines_share_one_registry():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nv_engine.metrics import IterationStats, PrometheusStatLogger
+    from nv_kvcache import SchedulerStats
+
+    first = PrometheusStatLogger("m")
+    second = first.for_engine(1)
+    for engine, logger in enumerate((first, second)):
+        logger.set_cache_config_info(block_size=16, num_gpu_blocks=100 + engine, kv_cache_dtype="auto",
+                                     enable_prefix_caching=True)
+        logger.record(SchedulerStats(engine + 1, 0, 0.5, 0, 0, 0),
+                      IterationStats(num_generation_tokens=10 * (engine + 1)))
+    second.set_cache_config_info(block_size=16, num_gpu_blocks=7, kv_cache_dtype="auto", enable_prefix_caching=True)
+    found: dict[tuple[str, str], float | str] = {}
+    for family in text_string_to_metric_families(first.render().decode()):
+        for sample in family.samples:
+            if sample.name in ("vllm:num_requests_running", "vllm:generation_tokens_total"):
+                found[sample.name, sample.labels["engine"]] = sample.value
+            if sample.name == "vllm:cache_config_info":
+                found[sample.name, sample.labels["engine"]] = sample.labels["num_gpu_blocks"]
+    assert found == {("vllm:num_requests_running", "0"): 1, ("vllm:num_requests_running", "1"): 2,
+                     ("vllm:generation_tokens_total", "0"): 10, ("vllm:generation_tokens_total", "1"): 20,
+                     ("vllm:cache_config_info", "0"): "100", ("vllm:cache_config_info", "1"): "7"}

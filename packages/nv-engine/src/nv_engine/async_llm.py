@@ -71,7 +71,9 @@ class AsyncLLM:
 
     Leaving the loop early (break, cancellation, a closed client) aborts the request in the core.
     If the core dies every open request raises EngineDeadError, `errored` turns True and every
-    later call raises EngineDeadError."""
+    later call raises EngineDeadError. With data_parallel_size > 1 each request goes to one of
+    several cores (DataParallelCoreClient; the stream's `engine_indices` name them): a dead core
+    fails only its own requests, and the engine is dead only when every core is."""
 
     def __init__(self, model: str, **kwargs: Any) -> None:
         config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
