@@ -63,12 +63,18 @@ class DataParallelCoreClient:
         with concurrent.futures.ThreadPoolExecutor(num_cores, thread_name_prefix="nv-core-start") as pool:
             starts = [pool.submit(self._start_core, config, eos, index) for index in range(num_cores)]
             concurrent.futures.wait(starts)
-        errors = [(index, start.exception()) for index, start in enumerate(starts) if start.exception() is not None]
-        self.clients = [start.result() for start in starts if start.exception() is None]
-        with self._callback_lock:       # a core that died while the others started fails the start too
+        errors: list[tuple[int, BaseException]] = []
+        for index, start in enumerate(starts):
+            error = start.exception()
+            if error is None:
+                self.clients.append(start.result())
+            else:
+                errors.append((index, error))
+        with self._callback_lock:
             self._started = True
-            errors += [(index, RuntimeError(client.dead_reason)) for index, client in enumerate(self.clients)
-                       if client.dead_reason is not None]
+            if not errors:    # every core started; one that died while the others started fails the start
+                errors = [(index, RuntimeError(client.dead_reason)) for index, client in enumerate(self.clients)
+                          if client.dead_reason is not None]
         if errors:
             for client in self.clients:
                 client.shutdown(timeout=10.0)
