@@ -228,8 +228,11 @@ class DataParallelCoreClient:
         return total
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        for client in self.clients:
-            client.shutdown(timeout)
+        """Stop every core, all at once (each waits for its process)."""
+        if not self.clients:
+            return
+        with concurrent.futures.ThreadPoolExecutor(len(self.clients), thread_name_prefix="nv-core-stop") as pool:
+            list(pool.map(lambda client: client.shutdown(timeout), self.clients))
 
     # ---- bookkeeping (callers hold no lock unless said) --------------------------------------
     def _forget(self, request_ids: Iterable[str]) -> dict[int, list[str]]:
