@@ -1,6 +1,7 @@
-"""The skinny GEMM (nv_kernels.skinny_gemm) against torch: interpreted on CPU at tiny shapes (plain, split-K,
-masked K tails, bias, the gated SiLU-and-mul epilogue, both inner products), the dispatch condition, and
-compiled on the GPU at the Qwen3-0.6B / 8B projection shapes for M = 1..16 (pytest -m gpu).
+"""The skinny GEMM (nv_kernels.skinny_gemm) against torch: interpreted on CPU at tiny shapes (plain, split-K
+reduced by the last split of each column block, masked K tails, bias, the gated SiLU-and-mul epilogue, both
+inner products, add + RMSNorm fused into the prologue), the dispatch condition, and compiled on the GPU at the
+Qwen3-0.6B / 8B projection shapes for M = 1..16 (pytest -m gpu).
 
 Errors are relative (||out - ref|| / ||ref||) against torch in fp32 on the same bf16 / fp16 inputs; the
 kernel rounds where the model-dtype torch path rounds (GEMM output, silu, product), so it also stays
@@ -9,6 +10,7 @@ within a few ulps of that path.
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -25,7 +27,9 @@ from nv_kernels.skinny_gemm import (
     set_skinny_gemm,
     skinny_gemm_applies,
     skinny_gemm_torch,
+    skinny_norm_gemm_torch,
 )
+from nv_kernels.split_k_workspace import SplitKWorkspace
 from nv_kernels.testing import interpreted_triton_modules, relative_error
 
 PLAIN_TOL = 8e-3    # the output rounded to bf16 once (2^-9 relative) with margin
@@ -64,13 +68,30 @@ def interp() -> Iterator[ModuleType]:
 
 
 @pytest.fixture()
-def poisoned(interp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outputs and split-K partial sums start as NaN: a column or split the kernels skip shows up."""
+def poisoned(interp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> SplitKWorkspace:
+    """Outputs and split-K partial sums start as NaN: a column or split the kernels skip shows up. Yields a
+    fresh split-K workspace, large enough for these tests (so never regrown)."""
     monkeypatch.setattr(interp, "_empty", nan_empty)
+    workspace = SplitKWorkspace()
+    workspace.partials(torch.device("cpu"), 1 << 16).fill_(float("nan"))
+    monkeypatch.setattr(interp, "WORKSPACE", workspace)
+    return workspace
+
+
+def two_pass_split_k(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, config: SkinnyGemmConfig
+                     ) -> torch.Tensor:
+    """The former two-kernel split-K: fp32 partial sums per K slice, added in split order, then bias, rounded."""
+    k = x.shape[-1]
+    per_split = math.ceil(math.ceil(k / config.split_k) / config.block_k) * config.block_k
+    total = torch.zeros(x.shape[0], w.shape[0])
+    for lo in range(0, k, per_split):
+        total += x[:, lo:lo + per_split].float() @ w[:, lo:lo + per_split].float().T
+    return (total if b is None else total + b.float()).to(x.dtype)
 
 
 @pytest.mark.parametrize("m,k,rows,bias", [(1, 64, 32, False), (3, 128, 96, True), (16, 96, 48, False)])
-def test_plain_default_config(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, bias: bool) -> None:
+def test_plain_default_config(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int,
+                              bias: bool) -> None:
     x, w, b = operands(m, k, rows, torch.bfloat16, bias, seed=m)
     x0, w0 = x.clone(), w.clone()
     check(interp.skinny_gemm(x, w, b), x, w, b, gated=False)
@@ -87,10 +108,66 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize("m,k,rows,config", SPLIT_CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_split_k(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, config: SkinnyGemmConfig,
-                 bias: bool) -> None:
+def test_split_k(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int,
+                 config: SkinnyGemmConfig, bias: bool) -> None:
+    """The last split to arrive reduces: the two-pass result, bit-stable over calls that reuse the workspace
+    (no fill between them: its counters are back at 0 after each call)."""
     x, w, b = operands(m, k, rows, torch.bfloat16, bias, seed=k)
-    check(interp.skinny_gemm(x, w, b, config=config), x, w, b, gated=False)
+    cpu = torch.device("cpu")
+    partials = poisoned.partials(cpu, 1)
+    out = interp.skinny_gemm(x, w, b, config=config)
+    check(out, x, w, b, gated=False)
+    assert relative_error(out, two_pass_split_k(x, w, b, config)) < PLAIN_TOL   # the interpreter truncates bf16
+    counters = poisoned.counters(cpu, 1)
+    assert counters.numel() >= -(-rows // config.block_n) and not bool(counters.any())
+    x2 = operands(m, k, rows, torch.bfloat16, bias, seed=k + 1)[0]
+    again = interp.skinny_gemm(x2, w, b, config=config)
+    check(again, x2, w, b, gated=False)
+    assert torch.equal(interp.skinny_gemm(x, w, b, config=config), out)             # fixed summation order
+    assert poisoned.partials(cpu, 1) is partials and poisoned.counters(cpu, 1) is counters
+    assert not bool(counters.any())
+
+
+# add + RMSNorm in the prologue: (m, k, rows, gated, residual, config); K tails, split-K, both inner products.
+NORM_CASES = [
+    (3, 80, 48, False, True, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=False)),
+    (1, 64, 32, False, False, SkinnyGemmConfig(block_n=16, block_k=16, use_dot=False)),        # first layer
+    (5, 64, 64, True, True, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=True)),
+    (2, 48, 32, True, False, SkinnyGemmConfig(block_n=16, block_k=32, use_dot=True)),
+]
+
+
+@pytest.mark.parametrize("m,k,rows,gated,with_residual,config", NORM_CASES)
+def test_norm_fused_into_the_prologue(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int,
+                                      gated: bool, with_residual: bool, config: SkinnyGemmConfig) -> None:
+    """(rms_norm(x + r) * g) @ W^T, with h = x + r returned as the new residual (x itself without r).
+    fp16: the interpreter rounds fp16 to nearest as the GPU does (its bf16 casts truncate), so h is exact."""
+    x, w, b = operands(m, k, rows, torch.float16, bias=gated, seed=k + rows)
+    gen = torch.Generator().manual_seed(m)
+    r = torch.randn(m, k, generator=gen).half() if with_residual else None
+    g = (torch.rand(k, generator=gen) + 0.5).half()                                 # norm weight [K]
+    x0 = x.clone()
+    out, h = interp.skinny_norm_gemm(x, r, g, 1e-6, w, b, gated=gated, config=config)
+    ref, ref_h = skinny_norm_gemm_torch(x, r, g, 1e-6, w, b, gated=gated)
+    assert torch.equal(h, ref_h) and (with_residual or h is x) and torch.equal(x, x0)
+    assert out.shape == ref.shape and bool(torch.isfinite(out).all())
+    assert relative_error(out, ref) < (GATED_TOL if gated else PLAIN_TOL)
+    ref32, _ = skinny_norm_gemm_torch(x.float(), None if r is None else r.float(), g.float(), 1e-6, w.float(),
+                                      None if b is None else b.float(), gated=gated)
+    assert relative_error(out, ref32) < (GATED_TOL if gated else PLAIN_TOL)
+    assert not bool(poisoned.counters(torch.device("cpu"), 1).any())
+
+
+def test_norm_fused_bf16_within_the_unfused_tolerance(interp: ModuleType, poisoned: SplitKWorkspace) -> None:
+    x, w, _ = operands(4, 64, 32, torch.bfloat16, bias=False, seed=11)
+    r, g = torch.randn_like(x), torch.rand(64, generator=torch.Generator().manual_seed(3)).bfloat16() + 0.5
+    out, h = interp.skinny_norm_gemm(x, r, g, 1e-6, w)
+    ref, ref_h = skinny_norm_gemm_torch(x, r, g, 1e-6, w)
+    assert relative_error(h, ref_h) < 8e-3 and relative_error(out, ref) < 2 * PLAIN_TOL
+    with pytest.raises(ValueError, match="norm_weight must be"):
+        interp.skinny_norm_gemm(x, r, g[:32], 1e-6, w)
+    with pytest.raises(ValueError, match="residual must match"):
+        interp.skinny_norm_gemm(x, r[:2], g, 1e-6, w)
 
 
 @pytest.mark.parametrize("m,k,rows,bias,config", [
@@ -99,13 +176,13 @@ def test_split_k(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, 
     (16, 64, 64, True, SkinnyGemmConfig(block_n=16, block_k=16, split_k=2, use_dot=True)),
     (3, 80, 48, False, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=False)),
 ])
-def test_gated_silu_and_mul(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, bias: bool,
+def test_gated_silu_and_mul(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int, bias: bool,
                             config: SkinnyGemmConfig | None) -> None:
     x, w, b = operands(m, k, rows, torch.bfloat16, bias, seed=rows)
     check(interp.skinny_gemm(x, w, b, gated=True, config=config), x, w, b, gated=True)
 
 
-def test_fp16_and_leading_dims(interp: ModuleType, poisoned: None) -> None:
+def test_fp16_and_leading_dims(interp: ModuleType, poisoned: SplitKWorkspace) -> None:
     x, w, b = operands(6, 64, 32, torch.float16, True, seed=7)
     x3 = x.view(2, 3, 64)                                                  # [2, 3, K]: 6 rows
     out = interp.skinny_gemm(x3, w, b)
