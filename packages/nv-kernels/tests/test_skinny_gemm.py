@@ -27,6 +27,7 @@ from nv_kernels.skinny_gemm import (
     set_skinny_gemm,
     skinny_gemm_applies,
     skinny_gemm_torch,
+    skinny_norm_gemm_applies,
     skinny_norm_gemm_torch,
 )
 from nv_kernels.split_k_workspace import SplitKWorkspace
@@ -240,6 +241,9 @@ def test_a_shape_where_torch_measured_faster_keeps_torch(monkeypatch: pytest.Mon
         assert skinny_gemm_applies(x, w)
         monkeypatch.setitem(skinny.TUNED_CONFIGS, (16, 32, 4, False), None)
         assert not skinny_gemm_applies(x, w)
+        g = torch.ones(32, dtype=torch.bfloat16)
+        assert skinny_norm_gemm_applies(x, x, g, w) and skinny_norm_gemm_applies(x, None, g, w)   # 2 kernels -> 1
+        assert not skinny_norm_gemm_applies(x, x, g.float(), w) and not skinny_norm_gemm_applies(x, x[:2], g, w)
 
 
 def test_dispatch_condition() -> None:
@@ -302,3 +306,60 @@ def test_gpu_cuda_graph_replays_with_new_inputs(rows: int, k: int, gated: bool) 
             x.copy_(operands(m, k, rows, torch.bfloat16, bias=False, device="cuda", seed=100 + seed)[0])
             graph.replay()
             assert torch.equal(out, skinny.skinny_gemm(x, w, b, gated=gated))
+
+
+# Qwen3-0.6B / 8B GEMMs after a norm: (weight rows N_w, K, gated); qkv's None entries do not apply here.
+GPU_NORM_SHAPES = [(4096, 1024, False), (6144, 1024, True), (6144, 4096, False), (24576, 4096, True)]
+
+
+def norm_operands(m: int, k: int, rows: int, dtype: torch.dtype, seed: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, w, _ = operands(m, k, rows, dtype, bias=False, device="cuda", seed=seed)
+    gen = torch.Generator("cuda").manual_seed(seed + 1)
+    r = torch.randn(m, k, generator=gen, device="cuda").to(dtype) * 4                 # the residual stream
+    g = (torch.rand(k, generator=gen, device="cuda") + 0.5).to(dtype)                 # norm weight [K]
+    return x, r, g, w
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows,k,gated", GPU_NORM_SHAPES, ids=str)
+def test_gpu_norm_fused_real_shapes(monkeypatch: pytest.MonkeyPatch, rows: int, k: int, gated: bool) -> None:
+    from nv_kernels import skinny_gemm as skinny
+
+    monkeypatch.setattr(skinny, "_empty", nan_empty)
+    tol = GATED_TOL if gated else PLAIN_TOL
+    for m in range(1, MAX_M + 1):
+        x, r, g, w = norm_operands(m, k, rows, torch.bfloat16, seed=m)
+        assert skinny_norm_gemm_applies(x, r, g, w) and skinny_norm_gemm_applies(x, None, g, w)
+        for residual in (r, None):
+            ref, ref_h = skinny_norm_gemm_torch(x, residual, g, 1e-6, w, gated=gated)
+            for cfg in (None, SkinnyGemmConfig(split_k=4, use_dot=m > 2)):
+                out, h = skinny.skinny_norm_gemm(x, residual, g, 1e-6, w, gated=gated, config=cfg)
+                assert torch.equal(h, ref_h)                                      # the add rounds as torch's
+                assert relative_error(out, ref) < tol
+    assert not bool(skinny.WORKSPACE.counters(x.device, 1).any())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_norm_fused_cuda_graph_replays_with_new_inputs() -> None:
+    """qkv-like plain, gate_up-like gated and a split-K GEMM with the norm, captured once and replayed on new
+    inputs: the eager result each time, bit for bit (the split-K counters return to 0 inside the graph)."""
+    from nv_kernels import skinny_gemm as skinny
+
+    split = SkinnyGemmConfig(block_n=16, block_k=256, split_k=4, use_dot=False)
+    for rows, k, gated, cfg in ((4096, 1024, False, None), (6144, 1024, True, None), (1024, 3072, False, split)):
+        for m in (1, 16):
+            x, r, g, w = norm_operands(m, k, rows, torch.bfloat16, seed=m)
+            skinny.skinny_norm_gemm(x, r, g, 1e-6, w, gated=gated, config=cfg)    # compile, size the workspace
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out, h = skinny.skinny_norm_gemm(x, r, g, 1e-6, w, gated=gated, config=cfg)
+            for seed in (1, 2, 3):
+                new_x, new_r, _, _ = norm_operands(m, k, rows, torch.bfloat16, seed=100 + seed)
+                x.copy_(new_x)
+                r.copy_(new_r)
+                graph.replay()
+                eager, eager_h = skinny.skinny_norm_gemm(x, r, g, 1e-6, w, gated=gated, config=cfg)
+                assert torch.equal(out, eager) and torch.equal(h, eager_h)
