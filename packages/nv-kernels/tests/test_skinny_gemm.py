@@ -129,6 +129,18 @@ def test_split_k(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, 
     assert not bool(counters.any())
 
 
+def test_split_k_workspace_grows_and_keeps_what_graphs_may_use() -> None:
+    workspace, cpu = SplitKWorkspace(), torch.device("cpu")
+    small = workspace.counters(cpu, 4)
+    assert small.dtype == torch.int32 and small.numel() == 4 and not bool(small.any())
+    assert workspace.counters(cpu, 3) is small                                     # big enough: reused
+    grown = workspace.counters(cpu, 5)
+    assert grown.numel() >= 8 and not bool(grown.any())                            # doubles, zeroed
+    assert any(t is small for t in workspace._retired)                             # a captured graph's buffer
+    partials = workspace.partials(cpu, 100)
+    assert partials.dtype == torch.float32 and workspace.partials(cpu, 100) is partials
+
+
 # add + RMSNorm in the prologue: (m, k, rows, gated, residual, config); K tails, split-K, both inner products.
 NORM_CASES = [
     (3, 80, 48, False, True, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=False)),
@@ -339,6 +351,18 @@ def test_gpu_norm_fused_real_shapes(monkeypatch: pytest.MonkeyPatch, rows: int, 
                 assert torch.equal(h, ref_h)                                      # the add rounds as torch's
                 assert relative_error(out, ref) < tol
     assert not bool(skinny.WORKSPACE.counters(x.device, 1).any())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_split_k_workspace_never_grows_inside_a_capture() -> None:
+    workspace, device = SplitKWorkspace(), torch.device("cuda", torch.cuda.current_device())
+    counters = workspace.counters(device, 64)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert workspace.counters(device, 64) is counters                         # big enough: fine
+        with pytest.raises(RuntimeError, match="run this shape once eagerly"):
+            workspace.counters(device, 65)
 
 
 @pytest.mark.gpu
