@@ -65,7 +65,7 @@ _DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
 @dataclass(frozen=True)
 class SkinnyGemmConfig:
     """One launch configuration. block_n: output columns per program (>= 16 with use_dot); block_k: the K
-    step of the loop; split_k: programs per column block along K (1: no reduce kernel); use_dot: tl.dot
+    step of the loop; split_k: programs per column block along K (the last to finish reduces); use_dot: tl.dot
     with M padded to 16, else the CUDA-core multiply-reduce."""
 
     block_n: int = 16
