@@ -8,6 +8,9 @@ through enough copies of the weight (and of x) that every call reads its weight 
 50 MB L2 of an H200; microseconds per call are the median over graph replays. Prints per shape: torch us,
 best skinny us and its configuration, the weight's GB/s, the speedup; writes JSON, and with --table the
 winners as `TUNED_CONFIGS` entries to paste into nv_kernels/skinny_gemm.py.
+The projections after a norm (qkv, gate_up) are also timed with the add + RMSNorm: the unfused pair (the
+fused_norm kernel, then the faster of torch and the best skinny configuration) against `skinny_norm_gemm`
+with the configuration the layers choose and with the three fastest plain configurations.
 
     PYTHONPATH=$(ls -d packages/*/src | tr '\\n' :) python3 scripts/bench_small_gemm.py [--json out.json]
         [--table] [--models 0.6b,8b] [--m 1,2,4,8,16] [--full]
@@ -27,7 +30,16 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from nv_kernels.fused_act import silu_and_mul_triton
-from nv_kernels.skinny_gemm import SkinnyGemmConfig, heuristic_config, skinny_gemm, skinny_gemm_torch
+from nv_kernels.fused_norm import rms_norm_triton
+from nv_kernels.skinny_gemm import (
+    SkinnyGemmConfig,
+    choose_config,
+    heuristic_config,
+    skinny_gemm,
+    skinny_gemm_torch,
+    skinny_norm_gemm,
+    skinny_norm_gemm_torch,
+)
 from nv_kernels.testing import relative_error
 
 DTYPE = torch.bfloat16
@@ -41,6 +53,8 @@ SHAPES = {
     "8b": {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, True),
            "down": (4096, 12288, False)},
 }
+AFTER_NORM = ("qkv", "gate_up")   # the projections whose add + RMSNorm the layers fuse into the GEMM
+EPS = 1e-6
 
 
 def sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemmConfig]:
@@ -119,6 +133,10 @@ def bench_shape(name: str, rows: int, k: int, gated: bool, m: int, full: bool) -
     row = {"model_proj": name, "rows": rows, "k": k, "gated": gated, "m": m, "weight_mb": weight_bytes / 1e6,
            "copies": copies, "torch_us": torch_us, "today_us": today_us, "heuristic_us": heuristic_us,
            "best": best, "failed": failed, "skipped": skipped, "all": results}
+    if name.split()[-1] in AFTER_NORM and best is not None:
+        fastest = [SkinnyGemmConfig(**r["config"]) for r in sorted(results, key=lambda r: r["us"])[:3]]
+        row["norm"] = bench_norm_fused(xs, weights, rows, k, gated, m, calls, fastest, min(today_us, best["us"]),
+                                       failed)
     if best is not None:
         best_us = best["us"]
         print(f"{name:14s} M={m:<2d} torch {torch_us:7.2f}  today {today_us:7.2f}  skinny {best_us:7.2f} us "
@@ -129,6 +147,37 @@ def bench_shape(name: str, rows: int, k: int, gated: bool, m: int, full: bool) -
     for f in skipped:
         print(f"  skipped {name} M={m}: {f['error']} with {f['config']}")
     return row
+
+
+def bench_norm_fused(xs: list[torch.Tensor], weights: list[torch.Tensor], rows: int, k: int, gated: bool, m: int,
+                     calls: int, configs: list[SkinnyGemmConfig], gemm_us: float, failed: list[dict]) -> dict:
+    """us per call of add + RMSNorm + this GEMM: unfused (the norm kernel's time plus gemm_us, the faster
+    GEMM's) against `skinny_norm_gemm` with the layers' configuration (None) and with `configs`."""
+    copies = len(xs)
+    gen = torch.Generator(device="cuda").manual_seed(rows + k + m + 1)
+    residuals = [torch.randn(m, k, device="cuda", generator=gen).to(DTYPE) for _ in range(copies)]
+    norm_weight = (torch.rand(k, device="cuda", generator=gen) + 0.5).to(DTYPE)
+    norm_us = graph_us([lambda i=i: rms_norm_triton(xs[i % copies], norm_weight, EPS, residuals[i % copies])
+                        for i in range(calls)])
+    ref, _ = skinny_norm_gemm_torch(xs[0].float(), residuals[0].float(), norm_weight.float(), EPS,
+                                    weights[0].float(), gated=gated)
+    fused: dict[str, float] = {}
+    for cfg in [None, *configs]:
+        label = str(choose_config(rows, k, m, gated) if cfg is None else cfg)
+        out, _ = skinny_norm_gemm(xs[0], residuals[0], norm_weight, EPS, weights[0], gated=gated, config=cfg)
+        err = relative_error(out, ref)
+        if not err < TOLERANCE[gated]:
+            failed.append({"config": label, "rel_err": err, "norm": True})
+            continue
+        fused[("layers: " if cfg is None else "") + label] = graph_us(
+            [lambda i=i, cfg=cfg: skinny_norm_gemm(xs[i % copies], residuals[i % copies], norm_weight, EPS,
+                                                   weights[i % copies], gated=gated, config=cfg)
+             for i in range(calls)])
+    unfused_us = norm_us + gemm_us
+    if fused:
+        label, us = min(fused.items(), key=lambda kv: kv[1])
+        print(f"  + add & RMSNorm: unfused {unfused_us:7.2f} (norm {norm_us:5.2f})  fused {us:7.2f} us  {label}")
+    return {"norm_us": norm_us, "unfused_us": unfused_us, "fused_us": fused}
 
 
 def table(rows: list[dict]) -> str:

@@ -1,6 +1,7 @@
-"""The skinny GEMM (nv_kernels.skinny_gemm) against torch: interpreted on CPU at tiny shapes (plain, split-K,
-masked K tails, bias, the gated SiLU-and-mul epilogue, both inner products), the dispatch condition, and
-compiled on the GPU at the Qwen3-0.6B / 8B projection shapes for M = 1..16 (pytest -m gpu).
+"""The skinny GEMM (nv_kernels.skinny_gemm) against torch: interpreted on CPU at tiny shapes (plain, split-K
+reduced by the last split of each column block, masked K tails, bias, the gated SiLU-and-mul epilogue, both
+inner products, add + RMSNorm fused into the prologue), the dispatch condition, and compiled on the GPU at the
+Qwen3-0.6B / 8B projection shapes for M = 1..16 (pytest -m gpu).
 
 Errors are relative (||out - ref|| / ||ref||) against torch in fp32 on the same bf16 / fp16 inputs; the
 kernel rounds where the model-dtype torch path rounds (GEMM output, silu, product), so it also stays
@@ -9,6 +10,7 @@ within a few ulps of that path.
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -25,7 +27,10 @@ from nv_kernels.skinny_gemm import (
     set_skinny_gemm,
     skinny_gemm_applies,
     skinny_gemm_torch,
+    skinny_norm_gemm_applies,
+    skinny_norm_gemm_torch,
 )
+from nv_kernels.split_k_workspace import SplitKWorkspace
 from nv_kernels.testing import interpreted_triton_modules, relative_error
 
 PLAIN_TOL = 8e-3    # the output rounded to bf16 once (2^-9 relative) with margin
@@ -64,13 +69,30 @@ def interp() -> Iterator[ModuleType]:
 
 
 @pytest.fixture()
-def poisoned(interp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outputs and split-K partial sums start as NaN: a column or split the kernels skip shows up."""
+def poisoned(interp: ModuleType, monkeypatch: pytest.MonkeyPatch) -> SplitKWorkspace:
+    """Outputs and split-K partial sums start as NaN: a column or split the kernels skip shows up. Yields a
+    fresh split-K workspace, large enough for these tests (so never regrown)."""
     monkeypatch.setattr(interp, "_empty", nan_empty)
+    workspace = SplitKWorkspace()
+    workspace.partials(torch.device("cpu"), 1 << 16).fill_(float("nan"))
+    monkeypatch.setattr(interp, "WORKSPACE", workspace)
+    return workspace
+
+
+def two_pass_split_k(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, config: SkinnyGemmConfig
+                     ) -> torch.Tensor:
+    """The former two-kernel split-K: fp32 partial sums per K slice, added in split order, then bias, rounded."""
+    k = x.shape[-1]
+    per_split = math.ceil(math.ceil(k / config.split_k) / config.block_k) * config.block_k
+    total = torch.zeros(x.shape[0], w.shape[0])
+    for lo in range(0, k, per_split):
+        total += x[:, lo:lo + per_split].float() @ w[:, lo:lo + per_split].float().T
+    return (total if b is None else total + b.float()).to(x.dtype)
 
 
 @pytest.mark.parametrize("m,k,rows,bias", [(1, 64, 32, False), (3, 128, 96, True), (16, 96, 48, False)])
-def test_plain_default_config(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, bias: bool) -> None:
+def test_plain_default_config(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int,
+                              bias: bool) -> None:
     x, w, b = operands(m, k, rows, torch.bfloat16, bias, seed=m)
     x0, w0 = x.clone(), w.clone()
     check(interp.skinny_gemm(x, w, b), x, w, b, gated=False)
@@ -87,10 +109,75 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize("m,k,rows,config", SPLIT_CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_split_k(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, config: SkinnyGemmConfig,
-                 bias: bool) -> None:
+def test_split_k(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int,
+                 config: SkinnyGemmConfig, bias: bool) -> None:
+    """The last split to arrive reduces: the two-pass result, bit-stable over calls that reuse the workspace
+    (no fill between them: its counters are back at 0 after each call)."""
     x, w, b = operands(m, k, rows, torch.bfloat16, bias, seed=k)
-    check(interp.skinny_gemm(x, w, b, config=config), x, w, b, gated=False)
+    cpu = torch.device("cpu")
+    partials = poisoned.partials(cpu, 1)
+    out = interp.skinny_gemm(x, w, b, config=config)
+    check(out, x, w, b, gated=False)
+    assert relative_error(out, two_pass_split_k(x, w, b, config)) < PLAIN_TOL   # the interpreter truncates bf16
+    counters = poisoned.counters(cpu, 1)
+    assert counters.numel() >= -(-rows // config.block_n) and not bool(counters.any())
+    assert torch.equal(interp.skinny_gemm(x, w, b, config=config), out)             # fixed summation order
+    assert poisoned.partials(cpu, 1) is partials and poisoned.counters(cpu, 1) is counters
+    assert not bool(counters.any())
+
+
+def test_split_k_workspace_grows_and_keeps_what_graphs_may_use() -> None:
+    workspace, cpu = SplitKWorkspace(), torch.device("cpu")
+    small = workspace.counters(cpu, 4)
+    assert small.dtype == torch.int32 and small.numel() == 4 and not bool(small.any())
+    assert workspace.counters(cpu, 3) is small                                     # big enough: reused
+    grown = workspace.counters(cpu, 5)
+    assert grown.numel() >= 8 and not bool(grown.any())                            # doubles, zeroed
+    assert any(t is small for t in workspace._retired)                             # a captured graph's buffer
+    partials = workspace.partials(cpu, 100)
+    assert partials.dtype == torch.float32 and workspace.partials(cpu, 100) is partials
+
+
+# add + RMSNorm in the prologue: (m, k, rows, gated, residual, config); K tails, split-K, both inner products.
+NORM_CASES = [
+    (3, 80, 48, False, True, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=False)),
+    (1, 64, 32, False, False, SkinnyGemmConfig(block_n=16, block_k=16, use_dot=False)),        # first layer
+    (5, 64, 64, True, True, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=True)),
+    (2, 48, 32, True, False, SkinnyGemmConfig(block_n=16, block_k=32, use_dot=True)),
+]
+
+
+@pytest.mark.parametrize("m,k,rows,gated,with_residual,config", NORM_CASES)
+def test_norm_fused_into_the_prologue(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int,
+                                      gated: bool, with_residual: bool, config: SkinnyGemmConfig) -> None:
+    """(rms_norm(x + r) * g) @ W^T, with h = x + r returned as the new residual (x itself without r).
+    fp16: the interpreter rounds fp16 to nearest as the GPU does (its bf16 casts truncate), so h is exact."""
+    x, w, b = operands(m, k, rows, torch.float16, bias=gated, seed=k + rows)
+    gen = torch.Generator().manual_seed(m)
+    r = torch.randn(m, k, generator=gen).half() if with_residual else None
+    g = (torch.rand(k, generator=gen) + 0.5).half()                                 # norm weight [K]
+    x0 = x.clone()
+    out, h = interp.skinny_norm_gemm(x, r, g, 1e-6, w, b, gated=gated, config=config)
+    ref, ref_h = skinny_norm_gemm_torch(x, r, g, 1e-6, w, b, gated=gated)
+    assert torch.equal(h, ref_h) and (with_residual or h is x) and torch.equal(x, x0)
+    assert out.shape == ref.shape and bool(torch.isfinite(out).all())
+    assert relative_error(out, ref) < (GATED_TOL if gated else PLAIN_TOL)
+    ref32, _ = skinny_norm_gemm_torch(x.float(), None if r is None else r.float(), g.float(), 1e-6, w.float(),
+                                      None if b is None else b.float(), gated=gated)
+    assert relative_error(out, ref32) < (GATED_TOL if gated else PLAIN_TOL)
+    assert not bool(poisoned.counters(torch.device("cpu"), 1).any())
+
+
+def test_norm_fused_bf16_within_the_unfused_tolerance(interp: ModuleType, poisoned: SplitKWorkspace) -> None:
+    x, w, _ = operands(4, 64, 32, torch.bfloat16, bias=False, seed=11)
+    r, g = torch.randn_like(x), torch.rand(64, generator=torch.Generator().manual_seed(3)).bfloat16() + 0.5
+    out, h = interp.skinny_norm_gemm(x, r, g, 1e-6, w)
+    ref, ref_h = skinny_norm_gemm_torch(x, r, g, 1e-6, w)
+    assert relative_error(h, ref_h) < 8e-3 and relative_error(out, ref) < 2 * PLAIN_TOL
+    with pytest.raises(ValueError, match="norm_weight must be"):
+        interp.skinny_norm_gemm(x, r, g[:32], 1e-6, w)
+    with pytest.raises(ValueError, match="residual must match"):
+        interp.skinny_norm_gemm(x, r[:2], g, 1e-6, w)
 
 
 @pytest.mark.parametrize("m,k,rows,bias,config", [
@@ -99,13 +186,13 @@ def test_split_k(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, 
     (16, 64, 64, True, SkinnyGemmConfig(block_n=16, block_k=16, split_k=2, use_dot=True)),
     (3, 80, 48, False, SkinnyGemmConfig(block_n=16, block_k=32, split_k=2, use_dot=False)),
 ])
-def test_gated_silu_and_mul(interp: ModuleType, poisoned: None, m: int, k: int, rows: int, bias: bool,
+def test_gated_silu_and_mul(interp: ModuleType, poisoned: SplitKWorkspace, m: int, k: int, rows: int, bias: bool,
                             config: SkinnyGemmConfig | None) -> None:
     x, w, b = operands(m, k, rows, torch.bfloat16, bias, seed=rows)
     check(interp.skinny_gemm(x, w, b, gated=True, config=config), x, w, b, gated=True)
 
 
-def test_fp16_and_leading_dims(interp: ModuleType, poisoned: None) -> None:
+def test_fp16_and_leading_dims(interp: ModuleType, poisoned: SplitKWorkspace) -> None:
     x, w, b = operands(6, 64, 32, torch.float16, True, seed=7)
     x3 = x.view(2, 3, 64)                                                  # [2, 3, K]: 6 rows
     out = interp.skinny_gemm(x3, w, b)
@@ -163,6 +250,9 @@ def test_a_shape_where_torch_measured_faster_keeps_torch(monkeypatch: pytest.Mon
         assert skinny_gemm_applies(x, w)
         monkeypatch.setitem(skinny.TUNED_CONFIGS, (16, 32, 4, False), None)
         assert not skinny_gemm_applies(x, w)
+        g = torch.ones(32, dtype=torch.bfloat16)
+        assert skinny_norm_gemm_applies(x, x, g, w) and skinny_norm_gemm_applies(x, None, g, w)   # 2 kernels -> 1
+        assert not skinny_norm_gemm_applies(x, x, g.float(), w) and not skinny_norm_gemm_applies(x, x[:2], g, w)
 
 
 def test_dispatch_condition() -> None:
@@ -225,3 +315,72 @@ def test_gpu_cuda_graph_replays_with_new_inputs(rows: int, k: int, gated: bool) 
             x.copy_(operands(m, k, rows, torch.bfloat16, bias=False, device="cuda", seed=100 + seed)[0])
             graph.replay()
             assert torch.equal(out, skinny.skinny_gemm(x, w, b, gated=gated))
+
+
+# Qwen3-0.6B / 8B GEMMs after a norm: (weight rows N_w, K, gated); qkv's None entries do not apply here.
+GPU_NORM_SHAPES = [(4096, 1024, False), (6144, 1024, True), (6144, 4096, False), (24576, 4096, True)]
+
+
+def norm_operands(m: int, k: int, rows: int, dtype: torch.dtype, seed: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, w, _ = operands(m, k, rows, dtype, bias=False, device="cuda", seed=seed)
+    gen = torch.Generator("cuda").manual_seed(seed + 1)
+    r = torch.randn(m, k, generator=gen, device="cuda").to(dtype) * 4                 # the residual stream
+    g = (torch.rand(k, generator=gen, device="cuda") + 0.5).to(dtype)                 # norm weight [K]
+    return x, r, g, w
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows,k,gated", GPU_NORM_SHAPES, ids=str)
+def test_gpu_norm_fused_real_shapes(monkeypatch: pytest.MonkeyPatch, rows: int, k: int, gated: bool) -> None:
+    from nv_kernels import skinny_gemm as skinny
+
+    monkeypatch.setattr(skinny, "_empty", nan_empty)
+    tol = GATED_TOL if gated else PLAIN_TOL
+    for m in range(1, MAX_M + 1):
+        x, r, g, w = norm_operands(m, k, rows, torch.bfloat16, seed=m)
+        assert skinny_norm_gemm_applies(x, r, g, w) and skinny_norm_gemm_applies(x, None, g, w)
+        for residual in (r, None):
+            ref, ref_h = skinny_norm_gemm_torch(x, residual, g, 1e-6, w, gated=gated)
+            for cfg in (None, SkinnyGemmConfig(split_k=4, use_dot=m > 2)):
+                out, h = skinny.skinny_norm_gemm(x, residual, g, 1e-6, w, gated=gated, config=cfg)
+                assert torch.equal(h, ref_h)                                      # the add rounds as torch's
+                assert relative_error(out, ref) < tol
+    assert not bool(skinny.WORKSPACE.counters(x.device, 1).any())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_split_k_workspace_never_grows_inside_a_capture() -> None:
+    workspace, device = SplitKWorkspace(), torch.device("cuda", torch.cuda.current_device())
+    counters = workspace.counters(device, 64)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert workspace.counters(device, 64) is counters                         # big enough: fine
+        with pytest.raises(RuntimeError, match="run this shape once eagerly"):
+            workspace.counters(device, 65)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_norm_fused_cuda_graph_replays_with_new_inputs() -> None:
+    """qkv-like plain, gate_up-like gated and a split-K GEMM with the norm, captured once and replayed on new
+    inputs: the eager result each time, bit for bit (the split-K counters return to 0 inside the graph)."""
+    from nv_kernels import skinny_gemm as skinny
+
+    split = SkinnyGemmConfig(block_n=16, block_k=256, split_k=4, use_dot=False)
+    for rows, k, gated, cfg in ((4096, 1024, False, None), (6144, 1024, True, None), (1024, 3072, False, split)):
+        for m in (1, 16):
+            x, r, g, w = norm_operands(m, k, rows, torch.bfloat16, seed=m)
+            skinny.skinny_norm_gemm(x, r, g, 1e-6, w, gated=gated, config=cfg)    # compile, size the workspace
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out, h = skinny.skinny_norm_gemm(x, r, g, 1e-6, w, gated=gated, config=cfg)
+            for seed in (1, 2, 3):
+                new_x, new_r, _, _ = norm_operands(m, k, rows, torch.bfloat16, seed=100 + seed)
+                x.copy_(new_x)
+                r.copy_(new_r)
+                graph.replay()
+                eager, eager_h = skinny.skinny_norm_gemm(x, r, g, 1e-6, w, gated=gated, config=cfg)
+                assert torch.equal(out, eager) and torch.equal(h, eager_h)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
     or type(skinny._skinny_gemm_kernel).__name__ != "InterpretedFunction",
     reason="needs the Triton interpreter on a machine without a GPU (the GPU runs the kernels in their own tests)")
 
-VOCAB, HIDDEN, LAYERS = 40, 32, 1
+VOCAB, HIDDEN, LAYERS = 40, 32, 2   # layer 0 has no residual yet, layer 1 adds it
 CONFIG = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=LAYERS,
               num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
               max_position_embeddings=32, rope_theta=10000.0, rope_scaling=None, hidden_act="silu",
@@ -52,8 +52,14 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, bool]]]:
         seen.append((x.shape[0], bool(kwargs.get("gated", False))))
         return skinny.skinny_gemm(x, weight, bias, **kwargs)
 
+    def norm_spy(x: torch.Tensor, residual: torch.Tensor | None, *args: Any, **kwargs: Any
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append((-x.shape[0], bool(kwargs.get("gated", False))))   # negative rows: the norm is fused
+        return skinny.skinny_norm_gemm(x, residual, *args, **kwargs)
+
     monkeypatch.setattr(linear, "skinny_gemm", spy)
     monkeypatch.setattr(decoder, "skinny_gemm", spy)
+    monkeypatch.setattr(decoder, "skinny_norm_gemm", norm_spy)
     yield seen
 
 
@@ -87,8 +93,8 @@ def forward(model: DecoderForCausalLM, num_tokens: int, skinny_on: bool) -> torc
 def test_decoder_same_output_with_the_switch_on_or_off(calls: list[tuple[int, bool]]) -> None:
     model = bf16_model(seed=0)
     fast = forward(model, 5, skinny_on=True)
-    # per layer: qkv, o, gate_up with SiLU-and-mul, down; the LM head is not a LinearBase
-    assert calls == [(5, False), (5, False), (5, True), (5, False)] * LAYERS
+    # per layer: add + norm + qkv, o, add + norm + gate_up + SiLU-and-mul, down; the LM head is not a LinearBase
+    assert calls == [(-5, False), (5, False), (-5, True), (5, False)] * LAYERS
     calls.clear()
     plain = forward(model, 5, skinny_on=False)
     assert calls == []

@@ -4,8 +4,9 @@ At decode batch sizes a linear layer is bound by streaming its weight from HBM o
 small M reach about a third of the bandwidth on Qwen3-0.6B's projections (H200). Here each program owns
 BLOCK_N output columns and streams their weight rows W[BLOCK_N, K] along K (contiguous, 16-byte loads);
 x (M x K) is tiny and stays in cache. Shapes with few column blocks (N = 1024, K = 3072) split K over
-SPLIT_K programs per block: each writes fp32 partial sums and a second small kernel adds them up and
-applies the epilogue (no atomics, no zero-fill: CUDA-graph safe and deterministic).
+SPLIT_K programs per block: each writes fp32 partial sums into a persistent workspace and bumps the block's
+arrival counter; the last to arrive adds the partials up in split order (deterministic), applies the epilogue
+and resets the counter to 0 (one kernel per GEMM, no fill per call: CUDA-graph safe; see split_k_workspace).
 
 Variants (constexpr):
   USE_DOT   M padded to 16 and tl.dot on the tensor cores; else a broadcast multiply-reduce on the CUDA
@@ -14,6 +15,9 @@ Variants (constexpr):
             (N_w = 2 I rows, as MergedColumnParallelLinear stores them); output column j needs rows j and
             j + I, and out[M, I] = silu(gate) * up.
   HAS_BIAS  y += bias (N_w entries) before the epilogue.
+  HAS_NORM  `skinny_norm_gemm`: the add + RMSNorm before the projection in the prologue; every program
+            computes its rows' rstd over the full K (x rows are tiny and cache-resident), one program writes
+            h = x + residual, and the K tiles are normalised as they are loaded (fused_norm's roundings).
 Numerics as torch's path in the model dtype: fp32 accumulation, the GEMM result (plus bias) rounded to the
 dtype; gated: silu in fp32 rounded to the dtype, the product in fp32 rounded once more (nv_kernels.fused_act).
 
@@ -39,13 +43,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nv_kernels.fused_dispatch import fused_ops_enabled, next_power_of_2, triton_jit
+from nv_kernels.fused_norm import rms_norm_torch
+from nv_kernels.split_k_workspace import SplitKWorkspace
 
 try:
     import triton.language as tl
 except ImportError:  # pragma: no cover
     tl = None
 
-_empty = torch.empty  # tests poison outputs and workspaces through this hook
+_empty = torch.empty  # tests poison outputs through this hook
+WORKSPACE = SplitKWorkspace()                  # split-K partial sums and arrival counters, per device
 
 MAX_M = 16                                     # rows (tokens) the kernels take; more go to cuBLAS
 DTYPES = (torch.bfloat16, torch.float16)
@@ -58,7 +65,7 @@ _DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
 @dataclass(frozen=True)
 class SkinnyGemmConfig:
     """One launch configuration. block_n: output columns per program (>= 16 with use_dot); block_k: the K
-    step of the loop; split_k: programs per column block along K (1: no reduce kernel); use_dot: tl.dot
+    step of the loop; split_k: programs per column block along K (the last to finish reduces); use_dot: tl.dot
     with M padded to 16, else the CUDA-core multiply-reduce."""
 
     block_n: int = 16
@@ -194,12 +201,44 @@ def _reduced(sums, M_PAD: tl.constexpr, USE_DOT: tl.constexpr):
 
 
 @triton_jit
-def _rows_times_x(x_ptrs, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi, M_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, GATED: tl.constexpr,
+def _row_rstd(X, RES, RES_OUT, rm, m_mask, stride_xm, stride_rm, stride_hm, K, eps, h_mask,
+              M_PAD: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The norm prologue: 1 / rms of h = x (+ residual) over the whole row -> [M_PAD] fp32. The rows of
+    h_mask [M_PAD] (all rows in one program of the grid, none elsewhere) are also stored to RES_OUT. h is
+    rounded to the model dtype before it is squared, as nv_kernels.fused_norm rounds the residual add."""
+    rk = tl.arange(0, BLOCK_K)
+    squares = tl.zeros((M_PAD, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask = m_mask[:, None] & ((k0 + rk) < K)[None, :]
+        h = tl.load(X + rm[:, None] * stride_xm + k0 + rk[None, :], mask=mask, other=0.0)   # [M_PAD, BLOCK_K]
+        if HAS_RESIDUAL:
+            r = tl.load(RES + rm[:, None] * stride_rm + k0 + rk[None, :], mask=mask, other=0.0)
+            h = (h.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+            tl.store(RES_OUT + rm[:, None] * stride_hm + k0 + rk[None, :], h, mask=h_mask[:, None] & mask)
+        h32 = h.to(tl.float32)
+        squares += h32 * h32
+    return tl.rsqrt(tl.reduce(squares, 1, tl.standard._sum_combine) / K + eps)
+
+
+@triton_jit
+def _normed(x, r, norm_w, rstd, HAS_RESIDUAL: tl.constexpr):
+    """x tile [M_PAD, BLOCK_K] -> rms_norm(x + r) * norm_w, each step rounded as fused_norm rounds it."""
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype)
+    return (normed.to(tl.float32) * norm_w.to(tl.float32)[None, :]).to(x.dtype)
+
+
+@triton_jit
+def _rows_times_x(x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi,
+                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
+                  GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                   EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr):
     """sum over k in [k_lo, k_hi) of x[m, k] * w[n, k] -> [M_PAD, BLOCK_N] fp32, and with GATED the same
     for the rows up_offset elements further (the up half) in the same loop; else the second result is the
-    first. x_ptrs [M_PAD, BLOCK_K] and w_ptrs [BLOCK_N, BLOCK_K] point at k = 0..BLOCK_K-1 of their rows."""
+    first. x_ptrs [M_PAD, BLOCK_K] (r_ptrs alike) and w_ptrs [BLOCK_N, BLOCK_K] point at k = 0..BLOCK_K-1
+    of their rows, nw_ptrs [BLOCK_K] at the norm weight's. HAS_NORM: x is replaced by
+    rms_norm(x (+ r)) * norm_w with the row's rstd [M_PAD]."""
     rk = tl.arange(0, BLOCK_K)
     gate = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
     up = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
@@ -209,12 +248,19 @@ def _rows_times_x(x_ptrs, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi, M_PAD: 
         if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
             x_mask = m_mask[:, None]
             w_mask = n_mask[:, None]
+            k_mask = rk < BLOCK_K
         else:
             k_mask = (k0 + rk) < k_hi
             x_mask = m_mask[:, None] & k_mask[None, :]
             w_mask = n_mask[:, None] & k_mask[None, :]
         x = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)                              # [M_PAD, BLOCK_K]
         w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)                              # [BLOCK_N, BLOCK_K]
+        if HAS_NORM:
+            r = x
+            if HAS_RESIDUAL:
+                r = tl.load(r_ptrs + k0, mask=x_mask, other=0.0)
+            norm_w = tl.load(nw_ptrs + k0, mask=k_mask, other=0.0)                    # [BLOCK_K]
+            x = _normed(x, r, norm_w, rstd, HAS_RESIDUAL)
         if GATED:   # both tiles' loads in flight before either is used
             w_up = tl.load(w_ptrs + up_offset + k0, mask=w_mask, other=0.0)
             gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
@@ -248,15 +294,17 @@ def _finish(acc, up, BIAS, OUT, cols, col_mask, N, GATED: tl.constexpr, HAS_BIAS
 
 @triton_jit(do_not_specialize=["M"])   # the batch size varies; M_PAD is its compile-time bucket
 def _skinny_gemm_kernel(
-    X, W, BIAS, OUT, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om, stride_os, up_offset,
+    X, RES, NORM_W, RES_OUT, W, BIAS, OUT, PART, COUNTERS, M, N, K, K_PER_SPLIT, stride_xm, stride_rm,
+    stride_hm, stride_wn, stride_om, stride_pm, stride_ps, up_offset, eps,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-    GATED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    # X [M, K], W [N_w, K] (N_w = 2N when GATED), grid (cdiv(N, BLOCK_N), SPLIT_K).
+    # X [M, K], W [N_w, K] (N_w = 2N when GATED), OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K).
     # GATED: the up rows of these columns sit N rows (up_offset = N * stride_wn elements) further down.
-    # PARTIAL: OUT is fp32 [SPLIT_K, M, N_w] (stride_os between splits), sums before bias and epilogue;
-    # else OUT is [M, N] in the model dtype.
+    # HAS_NORM: the GEMM's input is rms_norm(X (+ RES)) * NORM_W (RES, RES_OUT [M, K]; RES_OUT gets X + RES).
+    # SPLIT_K > 1: PART is fp32 [SPLIT_K, M, N_w] (stride_ps between splits) and COUNTERS int32
+    # [cdiv(N, BLOCK_N)], all 0 on entry: the last split of a column block to arrive reduces and finishes.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                          # [BLOCK_N] output columns
@@ -266,37 +314,39 @@ def _skinny_gemm_kernel(
     m_mask = rm < M
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    rstd = tl.zeros((M_PAD,), dtype=tl.float32)
+    if HAS_NORM:   # one program of the grid writes the new residual stream
+        rstd = _row_rstd(X, RES, RES_OUT, rm, m_mask, stride_xm, stride_rm, stride_hm, K, eps,
+                         m_mask & ((rm * 0 + pid_n + pid_k) == 0), M_PAD, BLOCK_K, HAS_RESIDUAL)
     x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
+    r_ptrs = RES + rm[:, None] * stride_rm + rk[None, :]
     w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
-    acc, up = _rows_times_x(x_ptrs, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi, M_PAD,
-                            BLOCK_N, BLOCK_K, USE_DOT, GATED, EVEN_K, DOT_IN_FP32, NUM_STAGES)
+    acc, up = _rows_times_x(x_ptrs, r_ptrs, NORM_W + rk, rstd, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi,
+                            M_PAD, BLOCK_N, BLOCK_K, USE_DOT, GATED, HAS_NORM, HAS_RESIDUAL, EVEN_K,
+                            DOT_IN_FP32, NUM_STAGES)
     mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
-    out_ptrs = OUT + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :]
-    if PARTIAL:
-        tl.store(out_ptrs, acc, mask=mask)
-        if GATED:
-            tl.store(out_ptrs + N, up, mask=mask)
-    else:
+    out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
+    if SPLIT_K == 1:
         y = _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS)
         tl.store(out_ptrs, y, mask=mask)
-
-
-@triton_jit(do_not_specialize=["M"])
-def _split_k_reduce_kernel(PART, BIAS, OUT, M, N, stride_ps, stride_pm, stride_om, SPLIT_K: tl.constexpr,
-                           BLOCK: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr):
-    # PART fp32 [SPLIT_K, M, N_w] -> OUT [M, N]; grid (M, cdiv(N, BLOCK))
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)                 # [BLOCK]
-    mask = cols < N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    up = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT_K):   # a fixed order: the sum does not depend on scheduling
-        part = PART + s * stride_ps + row * stride_pm
-        acc += tl.load(part + cols, mask=mask, other=0.0)
+    else:
+        part_ptrs = PART + rm[:, None] * stride_pm + rn[None, :]
+        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
         if GATED:
-            up += tl.load(part + N + cols, mask=mask, other=0.0)
-    y = _finish(acc, up, BIAS, OUT, cols, mask, N, GATED, HAS_BIAS)
-    tl.store(OUT + row * stride_om + cols, y, mask=mask)
+            tl.store(part_ptrs + pid_k * stride_ps + N, up, mask=mask)
+        tl.debug_barrier()   # every thread's partial stores precede the release below
+        arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")       # splits of this block done before
+        if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
+            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+            up = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
+                # .cg: read L2, never a line of this buffer an earlier call left in this SM's L1
+                acc += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+                if GATED:
+                    up += tl.load(part_ptrs + s * stride_ps + N, mask=mask, other=0.0, cache_modifier=".cg")
+            y = _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS)
+            tl.store(out_ptrs, y, mask=mask)
+            tl.atomic_xchg(COUNTERS + pid_n, 0)                            # ready for the next call
 
 
 @functools.cache
@@ -338,20 +388,36 @@ def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.d
     return heuristic_config(weight_rows, k, m, gated, num_sms)
 
 
-def skinny_gemm_applies(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
-    """Whether the layers should call `skinny_gemm` for x [..., K] @ weight [N_w, K]^T (+ bias): the switch
-    is on, fused ops run on these tensors (CUDA), all are bf16 / fp16 of one dtype and x has 1..MAX_M rows."""
+def _rows_fit(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Switch on, bf16 / fp16 operands of one dtype that match, and 1..MAX_M rows."""
     if not _enabled or x.dtype not in DTYPES or weight.dtype != x.dtype or weight.dim() != 2 or x.dim() < 1:
         return False
     if bias is not None and (bias.dtype != x.dtype or bias.shape != (weight.shape[0],)):
         return False
-    rows = math.prod(x.shape[:-1])
-    if not (0 < rows <= MAX_M and x.shape[-1] == weight.shape[1]):
+    return 0 < math.prod(x.shape[:-1]) <= MAX_M and x.shape[-1] == weight.shape[1]
+
+
+def skinny_gemm_applies(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether the layers should call `skinny_gemm` for x [..., K] @ weight [N_w, K]^T (+ bias): the switch
+    is on, fused ops run on these tensors (CUDA), all are bf16 / fp16 of one dtype and x has 1..MAX_M rows."""
+    if not _rows_fit(x, weight, bias):
         return False
-    key = (weight.shape[0], weight.shape[1], _m_bucket(rows), False)
+    key = (weight.shape[0], weight.shape[1], _m_bucket(math.prod(x.shape[:-1])), False)
     if key in TUNED_CONFIGS and TUNED_CONFIGS[key] is None:
         return False               # torch measured faster at this plain shape
     return fused_ops_enabled(x, weight)
+
+
+def skinny_norm_gemm_applies(x: Tensor, residual: Tensor | None, norm_weight: Tensor, weight: Tensor,
+                             bias: Tensor | None = None) -> bool:
+    """Whether `skinny_norm_gemm` should replace the add + RMSNorm and the GEMM after it: as
+    `skinny_gemm_applies`, with a norm weight [K] (and residual like x) of x's dtype. Shapes where torch's
+    GEMM measured faster alone still fuse: the fused kernel replaces two launches."""
+    if not _rows_fit(x, weight, bias) or norm_weight.dtype != x.dtype or norm_weight.shape != (x.shape[-1],):
+        return False
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        return False
+    return fused_ops_enabled(x, weight, norm_weight, *(() if residual is None else (residual,)))
 
 
 def skinny_gemm_torch(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated: bool = False) -> Tensor:
@@ -361,6 +427,16 @@ def skinny_gemm_torch(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, 
         return y
     gate, up = y.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def skinny_norm_gemm_torch(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
+                           bias: Tensor | None = None, *, gated: bool = False) -> tuple[Tensor, Tensor]:
+    """The reference: (skinny_gemm_torch(rms_norm(h)), h) with h = x + residual, or x without a residual."""
+    if residual is None:
+        normed, h = rms_norm_torch(x, norm_weight, eps), x
+    else:
+        normed, h = rms_norm_torch(x, norm_weight, eps, residual)
+    return skinny_gemm_torch(normed, weight, bias, gated=gated), h
 
 
 def _check(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool) -> None:
@@ -377,46 +453,77 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool) -> None:
         raise ValueError(f"bias must be [{weight.shape[0]}] of {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
 
 
+def _rows(t: Tensor) -> Tensor:
+    """t [..., K] as [M, K] with unit stride along K."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def skinny_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated: bool = False,
                 config: SkinnyGemmConfig | None = None) -> Tensor:
     """x [..., K] (at most MAX_M rows) @ weight [N_w, K]^T (+ bias [N_w]) -> [..., N_w], or with gated
     -> silu(gate) * up [..., N_w / 2]. A new tensor; config None: `choose_config`."""
     _check(x, weight, bias, gated)
+    return _launch(x, None, None, 0.0, weight, bias, gated, config)[0]
+
+
+def skinny_norm_gemm(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
+                     bias: Tensor | None = None, *, gated: bool = False, config: SkinnyGemmConfig | None = None
+                     ) -> tuple[Tensor, Tensor]:
+    """The add + RMSNorm before a projection fused into its GEMM: h = x + residual (x when residual is None),
+    returns (skinny_gemm(rms_norm(h) * norm_weight, weight, bias, gated=gated), h), rounded as
+    nv_kernels.fused_norm and `skinny_gemm` round. x, residual [..., K], norm_weight [K]; new tensors."""
+    _check(x, weight, bias, gated)
+    if norm_weight.shape != (x.shape[-1],) or norm_weight.dtype != x.dtype:
+        raise ValueError(f"norm_weight must be [{x.shape[-1]}] of {x.dtype}, got {tuple(norm_weight.shape)} "
+                         f"{norm_weight.dtype}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual must match x: {tuple(residual.shape)} {residual.dtype} vs "
+                         f"{tuple(x.shape)} {x.dtype}")
+    out, h = _launch(x, residual, norm_weight, eps, weight, bias, gated, config)
+    return out, (x if h is None else h)
+
+
+def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps: float, weight: Tensor,
+            bias: Tensor | None, gated: bool, config: SkinnyGemmConfig | None) -> tuple[Tensor, Tensor | None]:
+    """(the GEMM's output, x + residual when the norm has a residual). Operands already checked."""
     k, weight_rows = x.shape[-1], weight.shape[0]
     n_out = weight_rows // 2 if gated else weight_rows
-    x2 = x.reshape(-1, k)                                                  # [M, K]
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)                                                          # [M, K]
     if weight.stride(1) != 1:
         weight = weight.contiguous()
     m = x2.shape[0]
     out = _empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)
     out2 = out.view(m, n_out)                                              # [M, N]
-    if m == 0 or n_out == 0:
-        return out
-    if k == 0:
-        return out.copy_(skinny_gemm_torch(x, weight, bias, gated=gated))
+    h = None if residual is None else _empty(x.shape, dtype=x.dtype, device=x.device)
+    if m == 0 or n_out == 0 or k == 0:
+        if h is not None:
+            h.copy_(x + residual)
+        if m and n_out:
+            gemm_in = x if norm_weight is None else rms_norm_torch(x if h is None else h, norm_weight, eps)
+            out.copy_(skinny_gemm_torch(gemm_in, weight, bias, gated=gated))
+        return out, h
+    res2 = x2 if residual is None else _rows(residual)                     # [M, K]
+    h2 = x2 if h is None else h.view(m, k)
+    norm_arg = norm_weight.contiguous() if norm_weight is not None else x2
     cfg = config if config is not None else choose_config(weight_rows, k, m, gated, x.device)
     m_pad = 16 if cfg.use_dot else _m_bucket(m)
     k_per_split = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k) * cfg.block_k
     split_k = math.ceil(k / k_per_split)                                   # no empty splits
-    even_k = k % cfg.block_k == 0
-    grid = (math.ceil(n_out / cfg.block_n), split_k)
+    column_blocks = math.ceil(n_out / cfg.block_n)
     bias_arg = bias if bias is not None else x2
-    up_offset = n_out * weight.stride(0)                                   # gated: from a gate row to its up row
-    common = dict(M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
-                  HAS_BIAS=bias is not None, EVEN_K=even_k, DOT_IN_FP32=_DOT_IN_FP32, NUM_STAGES=cfg.num_stages,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if split_k == 1:
-        _skinny_gemm_kernel[grid](x2, weight, bias_arg, out2, m, n_out, k, k_per_split, x2.stride(0),
-                                  weight.stride(0), out2.stride(0), 0, up_offset, PARTIAL=False, **common)
-        return out
-    partials = _empty((split_k, m, weight_rows), dtype=torch.float32, device=x.device)   # [S, M, N_w]
-    _skinny_gemm_kernel[grid](x2, weight, bias_arg, partials, m, n_out, k, k_per_split, x2.stride(0),
-                              weight.stride(0), partials.stride(1), partials.stride(0), up_offset, PARTIAL=True,
-                              **common)
-    block = min(1024, next_power_of_2(n_out))
-    _split_k_reduce_kernel[(m, math.ceil(n_out / block))](
-        partials, bias_arg, out2, m, n_out, partials.stride(0), partials.stride(1), out2.stride(0),
-        SPLIT_K=split_k, BLOCK=block, GATED=gated, HAS_BIAS=bias is not None, num_warps=4)
-    return out
+    if split_k > 1:   # the rows of MAX_M, so one size per weight shape and split serves every batch
+        partials = WORKSPACE.partials(x.device, split_k * MAX_M * weight_rows)[:split_k * m * weight_rows]
+        partials = partials.view(split_k, m, weight_rows)                                  # [S, M, N_w]
+        counters = WORKSPACE.counters(x.device, column_blocks)
+    else:
+        partials, counters = x2, x2
+    _skinny_gemm_kernel[(column_blocks, split_k)](
+        x2, res2, norm_arg, h2, weight, bias_arg, out2, partials, counters, m, n_out, k, k_per_split,
+        x2.stride(0), res2.stride(0), h2.stride(0), weight.stride(0), out2.stride(0), partials.stride(-2),
+        partials.stride(0), n_out * weight.stride(0), float(eps),
+        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
+        HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
+        SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0, DOT_IN_FP32=_DOT_IN_FP32, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out, h

@@ -18,7 +18,7 @@ from torch import nn
 
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
 from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
-from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
+from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies, skinny_norm_gemm, skinny_norm_gemm_applies
 from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention
 from nv_layers.decoder_config import DecoderDims, check_tp, read_dims
@@ -66,8 +66,11 @@ class DecoderAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # hidden [T, H] -> [T, H]
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)                                            # [T, (Hq + 2 Hkv) * D]
+        return self.attend(positions, self.qkv_proj(hidden))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Attention and o_proj from the q/k/v projection's output qkv [T, (Hq + 2 Hkv) * D] -> [T, H]."""
+        num_tokens = qkv.shape[0]
         if self._can_fuse(qkv):
             return self.o_proj(self._fused_attention(positions, qkv))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -133,6 +136,8 @@ class DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # the residual add is fused into the next norm: returns (mlp output, residual stream so far)
+        if self._norms_fuse_into_gemms(hidden, residual):
+            return self._forward_norms_in_gemms(positions, hidden, residual)
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
@@ -140,6 +145,27 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden)
         hidden, stream = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), stream
+
+    def _norms_fuse_into_gemms(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Decode batch sizes on CUDA (nv_kernels.skinny_gemm): each add + RMSNorm runs in the prologue of
+        the GEMM after it (qkv, gate_up). The attention output has hidden's shape and dtype, so hidden stands
+        in for it when checking gate_up."""
+        qkv, gate_up = self.self_attn.qkv_proj, self.mlp.gate_up_proj
+        return (skinny_norm_gemm_applies(hidden, residual, self.input_layernorm.weight, qkv.weight, qkv.bias)
+                and skinny_norm_gemm_applies(hidden, hidden, self.post_attention_layernorm.weight,
+                                             gate_up.weight, gate_up.bias))
+
+    def _forward_norms_in_gemms(self, positions: torch.Tensor, hidden: torch.Tensor,
+                                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # the same layer as forward's other path, in four GEMM launches and no norm kernel
+        attn, mlp = self.self_attn, self.mlp
+        pre, post = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = skinny_norm_gemm(hidden, residual, pre.weight, pre.eps, attn.qkv_proj.weight,
+                                         attn.qkv_proj.bias)                   # [T, (Hq + 2 Hkv) * D], [T, H]
+        hidden = attn.attend(positions, qkv)
+        act, stream = skinny_norm_gemm(hidden, residual, post.weight, post.eps, mlp.gate_up_proj.weight,
+                                       mlp.gate_up_proj.bias, gated=True)    # silu(gate) * up [T, I_local]
+        return mlp.down_proj(act), stream
 
 
 class DecoderModel(nn.Module):
