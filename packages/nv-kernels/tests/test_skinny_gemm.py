@@ -253,6 +253,9 @@ def test_a_shape_where_torch_measured_faster_keeps_torch(monkeypatch: pytest.Mon
         g = torch.ones(32, dtype=torch.bfloat16)
         assert skinny_norm_gemm_applies(x, x, g, w) and skinny_norm_gemm_applies(x, None, g, w)   # 2 kernels -> 1
         assert not skinny_norm_gemm_applies(x, x, g.float(), w) and not skinny_norm_gemm_applies(x, x[:2], g, w)
+        wide = torch.cat([x, x, x])                                   # 12 rows: past the norm fusion's limit
+        assert skinny_gemm_applies(wide, w)                           # the plain skinny GEMM still does
+        assert not skinny_norm_gemm_applies(wide, wide, g, w)
 
 
 def test_dispatch_condition() -> None:
@@ -340,7 +343,8 @@ def test_gpu_norm_fused_real_shapes(monkeypatch: pytest.MonkeyPatch, rows: int, 
     tol = GATED_TOL if gated else PLAIN_TOL
     for m in range(1, MAX_M + 1):
         x, r, g, w = norm_operands(m, k, rows, torch.bfloat16, seed=m)
-        assert skinny_norm_gemm_applies(x, r, g, w) and skinny_norm_gemm_applies(x, None, g, w)
+        fuses = m <= skinny.NORM_FUSION_MAX_M and k <= skinny.NORM_FUSION_MAX_K   # the layers' dispatch
+        assert skinny_norm_gemm_applies(x, r, g, w) == fuses == skinny_norm_gemm_applies(x, None, g, w)
         for residual in (r, None):
             ref, ref_h = skinny_norm_gemm_torch(x, residual, g, 1e-6, w, gated=gated)
             for cfg in (None, SkinnyGemmConfig(split_k=4, use_dot=m > 2)):
