@@ -1,7 +1,8 @@
 """Incremental detokenization of one sequence, with stop strings.
 
 With a byte-level BPE tokenizer (ByteLevelVocab), each token's bytes are decoded by Python's UTF-8
-decoder as they arrive: the text is exactly tokenizer.decode(output ids) (prompt tokens play no part).
+decoder as they arrive: the text is tokenizer.decode(output ids), except that a character the prompt's
+last token starts and the output completes is part of the output (as with DecodeStream).
 With another fast HF tokenizer, tokenizers' DecodeStream yields each step's new text (as vLLM v1 does).
 Otherwise two short windows of ids are decoded each step (prefix / read offsets, the scheme of
 vLLM's detokenize_incrementally and HF's TextStreamer): the delta is decode(ids[prefix:]) minus
@@ -59,6 +60,10 @@ class IncrementalDetokenizer:
         self._token_bytes = vocab.token_bytes(skip_special_tokens) if vocab is not None else None
         self._utf8_tail = b""
         self._held_text = ""
+        if self._token_bytes is not None:
+            # A character the prompt's last bytes start and the output completes belongs to the output.
+            self._byte_level_delta(context)
+            self._held_text = ""
         self._stream, self._backend = (
             _make_decode_stream(tokenizer, skip_special_tokens, context)
             if use_decode_stream and vocab is None else (None, None))

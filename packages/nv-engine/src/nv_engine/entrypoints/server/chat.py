@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.sampling_params import RequestOutputKind
 from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
 from nv_engine.entrypoints.server.chat_output_plan import ChatOutputPlan
 from nv_engine.entrypoints.server.chat_template_sandbox import ChatTemplateSandbox
@@ -151,6 +152,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     else:
         max_tokens = state.resolve_max_tokens(req.max_tokens, len(ids))
     params = plan.constrain(state.build_sampling_params(req, max_tokens=max_tokens, logprobs=top_logprobs))
+    params.output_kind = RequestOutputKind.DELTA   # per output only what is new (ChoiceState adds up)
     prompt_tail = state.tokenizer.decode(ids[-PROMPT_TAIL_TOKENS:])
     request_id = random_id("chatcmpl")
     try:
@@ -184,7 +186,7 @@ class _ChatRun:
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs = out.prompt_logprobs
             for comp in out.outputs:
-                self.choices[comp.index].update(comp)
+                self.choices[comp.index].update(comp, out.delta)
                 changed.add(comp.index)
         return changed
 

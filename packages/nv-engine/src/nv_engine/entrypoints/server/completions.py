@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.sampling_params import RequestOutputKind
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
 from nv_engine.entrypoints.server.protocol import (
@@ -75,6 +76,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         requested = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         max_tokens = state.resolve_max_tokens(requested, len(ids))
         params = state.build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
+        params.output_kind = RequestOutputKind.DELTA   # per output only what is new (ChoiceState adds up)
         engine_requests.append((f"{request_id}-{i}", {"prompt_token_ids": ids}, params))
     try:
         stream = await state.engine.add_requests(engine_requests)
@@ -116,7 +118,7 @@ class _CompletionRun:
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs[prompt] = out.prompt_logprobs
             for comp in out.outputs:
-                self.choices[base + comp.index].update(comp)
+                self.choices[base + comp.index].update(comp, out.delta)
                 changed.add(base + comp.index)
         return changed
 

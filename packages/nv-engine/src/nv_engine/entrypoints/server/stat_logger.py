@@ -38,7 +38,7 @@ class ServerStatLogger:
                                     arrival_times.get(request_id, now))
             new_tokens = 0
             for comp in out.outputs:
-                count = len(comp.token_ids)
+                count = len(comp.token_ids) + (seen.get(comp.index, 0) if out.delta else 0)
                 new_tokens += count - seen.get(comp.index, 0)
                 seen[comp.index] = count
             reason = None
