@@ -30,10 +30,11 @@ class CompletionState:
     _sent_tokens: int = 0                             # delta outputs: token ids (and logprobs) sent
     _sent_chars: int = 0                              # delta outputs: characters of text sent
 
-    def text(self, tokenizer: Tokenizer | None) -> str:
+    def text(self, tokenizer: Tokenizer | None, start: int = 0) -> str:
+        """The text so far from character `start` on."""
         finished = self.finish_reason is not None
         if self.detokenizer is not None:
-            return self.detokenizer.stream_text(finished)
+            return self.detokenizer.stream_text(finished, start)
         if tokenizer is None or not finished:
             return ""
         if self._final_text is None:
@@ -42,18 +43,18 @@ class CompletionState:
             text = cast(str, tokenizer.decode(   # one list of ids: one str
                 self.token_ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False))
             self._final_text = text.rstrip("\ufffd")
-        return self._final_text
+        return self._final_text[start:]
 
     def to_output(self, tokenizer: Tokenizer | None, *, delta: bool = False) -> CompletionOutput:
-        text = self.text(tokenizer)
         if delta:   # O(new tokens): slices of what is new
             start, end = self._sent_tokens, len(self.token_ids)
-            sent_chars = self._sent_chars
-            self._sent_tokens, self._sent_chars = end, max(sent_chars, len(text))
-            text = text[sent_chars:]
+            text = self.text(tokenizer, self._sent_chars)
+            self._sent_tokens = end
+            self._sent_chars += len(text)
             token_ids = self.token_ids[start:end]
             logprobs = self.logprobs[start:end] if self.logprobs is not None else None
         else:       # copies: the caller may keep them while this completion grows
+            text = self.text(tokenizer)
             token_ids = list(self.token_ids)
             logprobs = list(self.logprobs) if self.logprobs is not None else None
         return CompletionOutput(

@@ -62,7 +62,7 @@ class IncrementalDetokenizer:
         self._held_text = ""
         if self._token_bytes is not None:
             # A character the prompt's last bytes start and the output completes belongs to the output.
-            self._byte_level_delta(context)
+            self._byte_level_delta(self._token_bytes, context)
             self._held_text = ""
         self._stream, self._backend = (
             _make_decode_stream(tokenizer, skip_special_tokens, context)
@@ -95,10 +95,9 @@ class IncrementalDetokenizer:
         self._read_offset = len(ids)
         return new_text[len(prefix_text):]
 
-    def _byte_level_delta(self, token_ids: Sequence[int]) -> str:
+    def _byte_level_delta(self, table: list[bytes], token_ids: Sequence[int]) -> str:
         """Text these ids complete (byte-level path): all decoded text is held back while the
         bytes end in a cut character or the text in U+FFFD, as the window decoder does."""
-        table = cast(list[bytes], self._token_bytes)
         size = len(table)
         tail, held, emitted = self._utf8_tail, self._held_text, ""
         for token_id in token_ids:
@@ -125,15 +124,22 @@ class IncrementalDetokenizer:
         if self.stop_reason is not None:
             raise RuntimeError("update() after a stop string already ended this sequence")
         old_len = len(self.text)
-        if self._token_bytes is not None:
+        table = self._token_bytes
+        if table is not None:
             self.num_output_tokens += len(new_token_ids)
-            self.text += self._byte_level_delta(new_token_ids)
+            delta = self._byte_level_delta(table, new_token_ids)
         else:
+            delta = ""
             for token_id in new_token_ids:
                 self._ids.append(int(token_id))
                 self.num_output_tokens += 1
-                self.text += self._next_delta()
+                delta += self._next_delta()
             self._trim()
+        if delta:
+            # Appended in place when nothing else holds the text (delta outputs): amortised O(delta).
+            text, self.text = self.text, ""
+            text += delta
+            self.text = text
         if not self.stop or self.num_output_tokens <= self.min_tokens or len(self.text) == old_len:
             return False
         match = find_stop_string(self.text, self.stop, old_len)
@@ -145,12 +151,13 @@ class IncrementalDetokenizer:
         self.stop_reason = stop_str
         return True
 
-    def stream_text(self, finished: bool) -> str:
-        """Text safe to stream now: while running, the last (longest stop - 1) characters are held
-        back, since they may become the start of a stop string that is cut from the output."""
+    def stream_text(self, finished: bool, start: int = 0) -> str:
+        """Text safe to stream now, from character `start` on: while running, the last (longest
+        stop - 1) characters are held back, since they may become the start of a stop string that is
+        cut from the output."""
         if finished or self.stop_buffer_length == 0:
-            return self.text
-        return self.text[:max(0, len(self.text) - self.stop_buffer_length)]
+            return self.text[start:] if start else self.text
+        return self.text[start:max(start, len(self.text) - self.stop_buffer_length)]
 
 
 def _make_decode_stream(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool, context: list[int]
