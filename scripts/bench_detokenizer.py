@@ -103,7 +103,8 @@ def main() -> None:
         for path, options in DETOKENIZER_PATHS.items():
             if path == "window" and not args.window:
                 continue
-            print(f"  IncrementalDetokenizer.update, {path:>12}: {bench_detokenizer(tokenizer, prompts, outputs, options):6.2f}")
+            us = bench_detokenizer(tokenizer, prompts, outputs, options)
+            print(f"  IncrementalDetokenizer.update, {path:>12}: {us:6.2f}")
         for use_byte_level in (True, False) if byte_level else (False,):
             # byte-level off: the tokenizer's cache entry says "not byte-level" (DecodeStream is used)
             ByteLevelVocab._cache[tokenizer] = ByteLevelVocab._build(tokenizer) if use_byte_level else None

@@ -6,6 +6,7 @@ Llama-3 / Qwen style (NFC normalizer, regex split); a Metaspace (SentencePiece-s
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -84,8 +85,9 @@ def test_real_text_special_tokens_and_stop_strings(tokenizer):
     special = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|ü|>", "<think>", "日本", "Ġx")]
     ids = ids[:5] + special + ids[5:]
     prompt = tokenizer.encode("The")
-    for kw in ({"skip_special_tokens": True}, {"skip_special_tokens": False},
-               {"stop": ["日本語", "✨"]}, {"stop": ["ünï"], "include_stop_str_in_output": True}):
+    options: list[dict[str, Any]] = [{"skip_special_tokens": True}, {"skip_special_tokens": False},
+                                     {"stop": ["日本語", "✨"]}, {"stop": ["ünï"], "include_stop_str_in_output": True}]
+    for kw in options:
         fast = IncrementalDetokenizer(tokenizer, prompt, **kw)
         slow = IncrementalDetokenizer(tokenizer, prompt, use_byte_level=False, **kw)
         for token_id in ids:

@@ -85,7 +85,7 @@ def test_delta_outputs_add_up_to_the_cumulative_ones(tokenizer, stop):
 
 
 def test_output_kind_is_validated():
-    assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
+    assert SamplingParams(**{"output_kind": 1}).output_kind is RequestOutputKind.DELTA   # a plain int
     assert SamplingParams().output_kind is RequestOutputKind.CUMULATIVE
     with pytest.raises(ValueError, match="output_kind"):
-        SamplingParams(output_kind=7)
+        SamplingParams(**{"output_kind": 7})

@@ -10,7 +10,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nv_engine.engine_dead_error import EngineDeadError
-from nv_engine.sampling_params import RequestOutputKind
 from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
 from nv_engine.entrypoints.server.chat_output_plan import ChatOutputPlan
 from nv_engine.entrypoints.server.chat_template_sandbox import ChatTemplateSandbox
@@ -39,6 +38,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_error,
     run_unless_disconnected,
 )
+from nv_engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 

@@ -10,7 +10,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nv_engine.engine_dead_error import EngineDeadError
-from nv_engine.sampling_params import RequestOutputKind
 from nv_engine.entrypoints.server.engine_loop import OutputStream
 from nv_engine.entrypoints.server.errors import APIError, sse_error
 from nv_engine.entrypoints.server.protocol import (
@@ -32,6 +31,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_error,
     run_unless_disconnected,
 )
+from nv_engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
