@@ -9,8 +9,8 @@ from nv_engine.outputs import RequestOutput
 
 
 class ServerStatLogger:
-    """An AsyncLLM stat logger (AsyncLLM.stat_loggers). Per step it turns the request outputs (cumulative
-    token counts) and the core's first-scheduled times into a RequestStatsTracker's IterationStats, and
+    """An AsyncLLM stat logger (AsyncLLM.stat_loggers). Per step it turns the request outputs (token counts,
+    cumulative or delta) and the core's first-scheduled times into a RequestStatsTracker's IterationStats, and
     records them with the core's SchedulerStats snapshot in ServerMetrics: TTFT, inter-token latency,
     queue / prefill / decode / end-to-end times, token counters, finished requests, prefix-cache and
     preemption counters, the scheduler gauges and the step width.
