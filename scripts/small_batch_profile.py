@@ -20,11 +20,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from perf_sweep import fill_decode, timed_decode
 
 from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
 from nv_engine.entrypoints.bench import checkpoint_parameters, copy_bandwidth
 from nv_engine.llm import LLM
-from perf_sweep import fill_decode, timed_decode
 
 # kernel class by the first pattern its (lower-cased) name matches
 KERNEL_CLASSES = [

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nv_engine.config import EngineConfig
+from nv_engine.data_parallel_client import DataParallelCoreClient
 from nv_engine.engine_args import EngineArgs
 from nv_engine.engine_core_client import EngineCoreClient
 from nv_engine.engine_core_outputs import EngineCoreOutputs
@@ -71,7 +72,9 @@ class AsyncLLM:
 
     Leaving the loop early (break, cancellation, a closed client) aborts the request in the core.
     If the core dies every open request raises EngineDeadError, `errored` turns True and every
-    later call raises EngineDeadError."""
+    later call raises EngineDeadError. With data_parallel_size > 1 each request goes to one of
+    several cores (DataParallelCoreClient; the stream's `engine_indices` name them): a dead core
+    fails only its own requests, and the engine is dead only when every core is."""
 
     def __init__(self, model: str, **kwargs: Any) -> None:
         config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
@@ -86,10 +89,18 @@ class AsyncLLM:
         self._lock = threading.Lock()         # output_processor and _routes
         self._routes: dict[str, _Route] = {}
         self._shut_down = False
-        self.client = EngineCoreClient(config, eos_token_ids(config, self.tokenizer),
-                                       on_outputs=self._on_core_outputs, on_dead=self._on_core_dead)
-        self.num_blocks = int(self.client.ready["num_blocks"])
-        self.core_pid = int(self.client.ready["pid"])
+        eos = eos_token_ids(config, self.tokenizer)
+        # data_parallel_size > 1: several cores, each request sent to one (DataParallelCoreClient)
+        self.client: EngineCoreClient | DataParallelCoreClient = (
+            DataParallelCoreClient(config, eos, on_outputs=self._on_core_outputs, on_dead=self._on_core_dead)
+            if config.data_parallel_size > 1 else
+            EngineCoreClient(config, eos, on_outputs=self._on_core_outputs, on_dead=self._on_core_dead))
+        self.num_blocks = int(self.client.ready["num_blocks"])      # over all cores
+        self.core_pid = int(self.client.ready["pid"])               # the first core's
+        # by engine index
+        self.core_pids = self.client.pids if isinstance(self.client, DataParallelCoreClient) else [self.core_pid]
+        self.core_num_blocks = (self.client.num_blocks_per_core if isinstance(self.client, DataParallelCoreClient)
+                                else [self.num_blocks])
 
     # ---- status ------------------------------------------------------------------------------
     @property
@@ -101,6 +112,13 @@ class AsyncLLM:
         return not self._shut_down and self.dead_error is None and self.client.is_alive
 
     is_alive = is_running     # the server's name
+
+    @property
+    def dead_engines(self) -> dict[int, str]:
+        """Engine index -> why that core died (data parallel: the others may still serve)."""
+        if isinstance(self.client, DataParallelCoreClient):
+            return self.client.dead_engines
+        return {} if self.dead_error is None else {0: str(self.dead_error)}
 
     def get_tokenizer(self) -> Tokenizer | None:
         return self.tokenizer
@@ -155,11 +173,13 @@ class AsyncLLM:
                 reports = params.needs_every_token(stream=True, detokenizes=self.tokenizer is not None)
                 core_requests.append(EngineCoreRequest(request_id, ids, params, reports, now))
         try:
-            self.client.add_requests(core_requests)
+            engine_indices = self.client.add_requests(core_requests)
         except BaseException:
             self._forget([r.request_id for r in core_requests])
             raise
-        return OutputStream(self, [r.request_id for r in core_requests], queue)
+        stream = OutputStream(self, [r.request_id for r in core_requests], queue)
+        stream.engine_indices = engine_indices or [0] * len(core_requests)
+        return stream
 
     def _prepare_all(self, requests: Sequence[tuple[str, Prompt, SamplingParams | None]]
                      ) -> list[tuple[str | None, list[int], SamplingParams]]:
@@ -252,11 +272,16 @@ class AsyncLLM:
             except Exception:
                 logger.exception("a stat logger failed")
 
-    def _on_core_dead(self, reason: str) -> None:
+    def _on_core_dead(self, reason: str, request_ids: list[str] | None = None) -> None:
+        """The engine died (request_ids None: every request fails, and every later call), or one
+        data-parallel core did (only its requests fail)."""
         error = EngineDeadError(reason)
-        self.dead_error = error
         with self._lock:
-            routes, self._routes = self._routes, {}
+            if request_ids is None:
+                self.dead_error = error
+                routes, self._routes = self._routes, {}
+            else:
+                routes = {rid: route for rid in request_ids if (route := self._routes.pop(rid, None)) is not None}
             self.output_processor.abort_requests(list(routes))
         self._forget_stats(list(routes))
         self._deliver([(route, error) for route in routes.values()])

@@ -48,6 +48,7 @@ class EngineConfig:
     model: str                       # resolved local directory (or file, for GGUF)
     hf_config: Any                   # transformers.PretrainedConfig
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1      # engine cores behind one AsyncLLM; core i runs on GPUs i*tp .. (i+1)*tp-1
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     seed: int = 0
@@ -76,7 +77,7 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("tensor_parallel_size", "max_model_len", "max_num_seqs",
+        for name in ("tensor_parallel_size", "data_parallel_size", "max_model_len", "max_num_seqs",
                      "max_num_batched_tokens", "block_size"):
             positive_int(name)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -89,11 +90,16 @@ class EngineConfig:
                              f"{self.kv_cache_dtype!r}")
         if self.num_gpu_blocks_override is not None:
             positive_int("num_gpu_blocks_override")
-        if self.tensor_parallel_size > 1 and self.device.startswith("cuda"):
+        if self.data_parallel_size > 1 and ":" in self.device:
+            raise ValueError(f"data_parallel_size={self.data_parallel_size} gives each core GPUs of its own "
+                             f"in order: use device='cuda' (or CUDA_VISIBLE_DEVICES), not {self.device!r}")
+        num_gpus = self.tensor_parallel_size * self.data_parallel_size
+        if num_gpus > 1 and self.device.startswith("cuda"):
             available = torch.cuda.device_count()
-            if self.tensor_parallel_size > available:
-                raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} but only "
-                                 f"{available} CUDA device(s) are visible")
+            if num_gpus > available:
+                raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} x data_parallel_size="
+                                 f"{self.data_parallel_size} needs {num_gpus} CUDA devices but only "
+                                 f"{available} are visible")
 
     def default_sampling_params(self) -> SamplingDefaults:
         """Sampling defaults for requests that set none (vLLM's `get_diff_sampling_param`): with

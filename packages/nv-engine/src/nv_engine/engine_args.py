@@ -71,6 +71,8 @@ class EngineArgs:
     # ---- devices and parallelism -------------------------------------------------------------
     device: str | None = _arg(None, "cuda, cuda:N or cpu (default: cuda when available)")
     tensor_parallel_size: int = _arg(1, "GPUs the model is split over", type=int, aliases=("-tp",))
+    data_parallel_size: int = _arg(1, "engine cores behind one frontend (nv serve), each with its own copy of "
+                                   "the model on tensor_parallel_size GPUs of its own", type=int, aliases=("-dp",))
     pipeline_parallel_size: int = _arg(1, "pipeline stages; only 1 (nv splits models by tensor "
                                        "parallelism)", type=int, aliases=("-pp",))
     distributed_executor_backend: str | None = _arg(
@@ -234,6 +236,7 @@ class EngineArgs:
             generation_config = str(Path(generation_config).expanduser().resolve())
         config = EngineConfig(
             model=path, hf_config=hf_config, tensor_parallel_size=self.tensor_parallel_size,
+            data_parallel_size=self.data_parallel_size,
             dtype=resolve_dtype(self.dtype, hf_config, device), device=device, seed=self.seed,
             max_model_len=max_model_len,
             max_num_seqs=DEFAULT_MAX_NUM_SEQS if self.max_num_seqs is None else self.max_num_seqs,

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
 import pickle
 import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import zmq
 
@@ -36,8 +38,14 @@ _POLL_MS = 200      # how often the receiver thread looks at its stop flag
 
 
 class EngineCoreClient:
+    # os.environ is the process's: one core at a time starts with its own variables set
+    _environ_lock = threading.Lock()
+
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
-                 on_outputs: Callable[[EngineCoreOutputs], None], on_dead: Callable[[str], None]) -> None:
+                 on_outputs: Callable[[EngineCoreOutputs], None], on_dead: Callable[[str], None],
+                 env: Mapping[str, str] | None = None) -> None:
+        """env: environment variables for the core process only (a data-parallel core's
+        CUDA_VISIBLE_DEVICES); the spawned process copies the environment as it starts."""
         self._on_outputs = on_outputs
         self._on_dead = on_dead
         self._dir = tempfile.mkdtemp(prefix="nv-core-")
@@ -61,7 +69,8 @@ class EngineCoreClient:
             args=(config, sorted(eos_token_ids), f"ipc://{self._dir}/input", f"ipc://{self._dir}/output",
                   logging.getLogger().getEffectiveLevel()))
         try:
-            self.process.start()
+            with self._child_environment(env):
+                self.process.start()
             self.ready = self._wait_ready()
         except BaseException:
             self._stop_process(timeout=5.0)
@@ -72,6 +81,24 @@ class EngineCoreClient:
         # The core is not a daemon process (it may start tensor-parallel workers), and
         # multiprocessing joins such children at exit: stop it first if nobody shut it down.
         atexit.register(EngineCoreClient._shutdown_at_exit, weakref.ref(self))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _child_environment(env: Mapping[str, str] | None) -> Iterator[None]:
+        if not env:
+            yield
+            return
+        with EngineCoreClient._environ_lock:
+            before = {name: os.environ.get(name) for name in env}
+            os.environ.update(env)
+            try:
+                yield
+            finally:
+                for name, value in before.items():
+                    if value is None:
+                        del os.environ[name]
+                    else:
+                        os.environ[name] = value
 
     def _wait_ready(self) -> dict[str, int]:
         poller = zmq.Poller()

@@ -17,7 +17,8 @@ class EngineCoreOutputs:
     (queue lengths, KV usage, cumulative prefix-cache and preemption counters).
     failed: (request id, message) for requests the core dropped: an add it refused, or the requests
     of a step that raised (the frontend fails them).
-    tokens: (prompt tokens computed, tokens sampled) in the step."""
+    tokens: (prompt tokens computed, tokens sampled) in the step.
+    engine_index: which core of a data-parallel frontend sent them (0 with one core)."""
 
     updates: list[SequenceUpdate]
     timestamp: float
@@ -25,3 +26,4 @@ class EngineCoreOutputs:
     scheduler_stats: SchedulerStats | None = None
     failed: list[tuple[str, str]] = field(default_factory=list)
     tokens: tuple[int, int] = (0, 0)
+    engine_index: int = 0

@@ -57,6 +57,9 @@ class LLMEngine:
             config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
         elif kwargs:
             raise TypeError(f"unexpected keyword argument(s) {sorted(kwargs)} next to an EngineConfig")
+        if config.data_parallel_size != 1:
+            raise ValueError(f"data_parallel_size={config.data_parallel_size}: an in-process engine is one core; "
+                             "AsyncLLM (nv serve) runs several")
         self.config = config
         self.tokenizer = load_tokenizer(config)
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)

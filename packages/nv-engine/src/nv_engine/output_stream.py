@@ -22,6 +22,8 @@ class OutputStream:
         self._engine = engine
         self._queue = out_queue      # of RequestOutput | BaseException
         self.unfinished = set(request_ids)
+        # the engine core each request went to, in order (data parallelism); None when not known
+        self.engine_indices: list[int] | None = None
 
     async def next_outputs(self) -> list[RequestOutput]:
         items = [await self._queue.get()]

@@ -18,6 +18,7 @@ from torch import nn
 
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
 from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
+from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
 from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention
 from nv_layers.decoder_config import DecoderDims, check_tp, read_dims
@@ -102,7 +103,10 @@ class DecoderAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up in one column-parallel GEMM."""
+    """down(silu(gate(x)) * up(x)) with gate and up in one column-parallel GEMM.
+
+    At decode batch sizes (nv_kernels.skinny_gemm applies) SiLU-and-mul runs in that GEMM's epilogue:
+    this rank's weight is [gate_local; up_local], the stacked layout the gated kernel reads."""
 
     def __init__(self, dims: DecoderDims, bias: bool = False) -> None:
         super().__init__()
@@ -111,7 +115,11 @@ class GatedMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        # x [T, H] -> [T, H]
+        gate_up = self.gate_up_proj
+        if skinny_gemm_applies(x, gate_up.weight, gate_up.bias):
+            return self.down_proj(skinny_gemm(x, gate_up.weight, gate_up.bias, gated=True))   # [T, I_local] in
+        return self.down_proj(self.act_fn(gate_up(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -2,7 +2,9 @@
 
 Every Parameter carries `weight_loader(param, loaded_weight, shard_id=None)` that copies this rank's
 shard of a checkpoint tensor (a torch tensor or a lazy safetensors slice) into the parameter.
-Weights are [out, in] like nn.Linear.
+Weights are [out, in] like nn.Linear. At decode batch sizes (at most 16 tokens, bf16 / fp16 on CUDA) the
+GEMM runs as nv_kernels.skinny_gemm, built to stream the weight once at the memory bandwidth; larger
+batches, other dtypes and CPU tensors use F.linear.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
 from nv_layers.weights import WeightLike, check_shape, copy_checked, read_full, read_shard, set_weight_loader
 
@@ -29,7 +32,13 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in_local] @ weight^T (+ bias) -> [..., out_local], on this rank only."""
+        if skinny_gemm_applies(x, self.weight, bias):
+            return skinny_gemm(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         raise NotImplementedError
@@ -142,7 +151,7 @@ class RowParallelLinear(LinearBase):
         super().__init__(in_local, output_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(F.linear(x, self.weight))
+        y = tp_all_reduce(self.matmul(x, None))
         return y if self.bias is None else y + self.bias
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:

@@ -15,12 +15,14 @@ class LoggingStatLogger:
     """`record(scheduler_stats, iteration_stats)` once per engine step; it logs at most once per
     `interval_s`, from inside a record (no thread): throughputs are averaged over the time since the
     previous line, the hit rate over the prefix-cache queries since then (the last known rate when
-    there were none). An idle engine's line goes to DEBUG, as vLLM's does."""
+    there were none). An idle engine's line goes to DEBUG, as vLLM's does. engine_index: the line of
+    one core of several starts "Engine 001: " (vLLM's prefix)."""
 
-    def __init__(self, interval_s: float = 10.0) -> None:
+    def __init__(self, interval_s: float = 10.0, *, engine_index: int | None = None) -> None:
         if not isinstance(interval_s, (int, float)) or isinstance(interval_s, bool) or interval_s < 0:
             raise ValueError(f"interval_s must be a number >= 0, got {interval_s!r}")
         self.interval_s = float(interval_s)
+        self._prefix = "" if engine_index is None else f"Engine {engine_index:03d}: "
         self._last_log_time = time.monotonic()
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -58,7 +60,7 @@ class LoggingStatLogger:
         busy = bool(prompt_throughput or generation_throughput)
         level = logging.INFO if busy or self._was_busy else logging.DEBUG
         self._was_busy = busy
-        logger.log(level, "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+        logger.log(level, "%sAvg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
                    "Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: "
-                   "%.1f%%", prompt_throughput, generation_throughput, running, waiting, usage * 100,
+                   "%.1f%%", self._prefix, prompt_throughput, generation_throughput, running, waiting, usage * 100,
                    self._hit_rate * 100)

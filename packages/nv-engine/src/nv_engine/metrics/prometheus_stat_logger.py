@@ -5,7 +5,11 @@ that several servers can live in one process. Bucket edges follow vLLM's for the
 Labels: model_name, engine."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar, cast
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from nv_engine.metrics.iteration_stats import IterationStats
 from nv_kvcache import SchedulerStats
@@ -18,6 +22,7 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort")
+MetricT = TypeVar("MetricT", bound=MetricWrapperBase)
 
 
 def buckets_1_2_5(max_value: int) -> list[int]:
@@ -38,24 +43,33 @@ class PrometheusStatLogger:
     SchedulerStats' counters are cumulative: each record adds what grew since the previous one (a
     snapshot smaller than the last, from a restarted scheduler, counts from zero). Every metric's
     label set is bound once here, so a record costs a few dict-free calls plus one observe per token
-    latency."""
+    latency.
+
+    One logger per engine core: `for_engine(i)` gives the logger of core i of the same server (same
+    registry and metric families, label engine="i")."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None, *,
-                 max_model_len: int = 131072, engine_index: int = 0) -> None:
+                 max_model_len: int = 131072, engine_index: int = 0,
+                 families: dict[str, MetricWrapperBase] | None = None) -> None:
+        """families: the metric families (by name) of the loggers of the other engines of one server,
+        shared so that each metric is registered once (for_engine passes them)."""
         self.model_name = model_name
+        self.max_model_len = max_model_len
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._families: dict[str, MetricWrapperBase] = {} if families is None else families
         names, values = ["model_name", "engine"], (model_name, str(engine_index))
         self._label_values = values
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, names, registry=r).labels(*values)
+            return self._family(name, lambda: Gauge(name, doc, names, registry=r)).labels(*values)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names, registry=r).labels(*values)
+            return self._family(name, lambda: Counter(name, doc, names, registry=r)).labels(*values)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(*values)
+            return self._family(name, lambda: Histogram(name, doc, names, buckets=buckets, registry=r)
+                                ).labels(*values)
 
         # scheduler state
         self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution "
@@ -79,8 +93,9 @@ class PrometheusStatLogger:
         self.request_generation_tokens = histogram("vllm:request_generation_tokens", "Number of generation "
                                                    "tokens processed.", token_buckets)
         # requests
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          [*names, "finished_reason"], registry=r)
+        success = self._family("vllm:request_success", lambda: Counter(
+            "vllm:request_success", "Count of successfully processed requests.", [*names, "finished_reason"],
+            registry=r))
         self._request_success = success
         self._request_success_by_reason = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
         # latencies
@@ -101,7 +116,7 @@ class PrometheusStatLogger:
                                               "PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
         self.request_decode_time = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in "
                                              "DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
-        self._cache_config_info: Gauge | None = None
+        self._cache_config_labels: tuple[str, ...] | None = None
         self._last_queries = 0
         self._last_hits = 0
         self._last_preemptions = 0
@@ -110,15 +125,29 @@ class PrometheusStatLogger:
                               enable_prefix_caching: bool) -> None:
         """vllm:cache_config_info, a gauge set to 1 whose labels describe the KV cache (vLLM's info metric;
         cache_dtype is vLLM's label for the dtype, kv_cache_dtype nv's engine argument)."""
-        info = self._cache_config_info
-        if info is None:
-            info = self._cache_config_info = Gauge(
-                "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                ["model_name", "engine", "block_size", "num_gpu_blocks", "cache_dtype", "kv_cache_dtype",
-                 "enable_prefix_caching"], registry=self.registry)
-        info.clear()
-        info.labels(*self._label_values, str(block_size), str(num_gpu_blocks), kv_cache_dtype, kv_cache_dtype,
-                    str(bool(enable_prefix_caching))).set(1)
+        name = "vllm:cache_config_info"
+        info = self._family(name, lambda: Gauge(
+            name, "Information of the LLMEngine CacheConfig",
+            ["model_name", "engine", "block_size", "num_gpu_blocks", "cache_dtype", "kv_cache_dtype",
+             "enable_prefix_caching"], registry=self.registry))
+        if self._cache_config_labels is not None:    # this engine's previous values (not the others')
+            info.remove(*self._cache_config_labels)
+        labels = (*self._label_values, str(block_size), str(num_gpu_blocks), kv_cache_dtype, kv_cache_dtype,
+                  str(bool(enable_prefix_caching)))
+        info.labels(*labels).set(1)
+        self._cache_config_labels = labels
+
+    def _family(self, name: str, make: Callable[[], MetricT]) -> MetricT:
+        """The metric family `name`, made (and registered) by the first engine's logger that asks."""
+        found = self._families.get(name)
+        if found is None:
+            found = self._families[name] = make()
+        return cast(MetricT, found)
+
+    def for_engine(self, engine_index: int) -> PrometheusStatLogger:
+        """The logger of engine core `engine_index` of the same server (its metrics labelled with it)."""
+        return PrometheusStatLogger(self.model_name, self.registry, max_model_len=self.max_model_len,
+                                    engine_index=engine_index, families=self._families)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:

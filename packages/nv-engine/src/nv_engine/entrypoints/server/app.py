@@ -39,10 +39,12 @@ def build_state(engine: Any, *, tokenizer: Any, sampling_params_cls: type, model
     names = served_model_names or [model_path]
     if isinstance(engine, AsyncLLM):
         config = engine.config
-        metrics = ServerMetrics(names[0], max_model_len=max_model_len, log_stats=not config.disable_log_stats)
-        metrics.set_cache_config_info(block_size=config.block_size, num_gpu_blocks=engine.num_blocks,
-                                      kv_cache_dtype=str(getattr(config, "kv_cache_dtype", "auto")),
-                                      enable_prefix_caching=config.enable_prefix_caching)
+        metrics = ServerMetrics(names[0], max_model_len=max_model_len, log_stats=not config.disable_log_stats,
+                                num_engines=len(engine.core_num_blocks))
+        for index, num_blocks in enumerate(engine.core_num_blocks):
+            metrics.set_cache_config_info(block_size=config.block_size, num_gpu_blocks=num_blocks,
+                                          kv_cache_dtype=str(getattr(config, "kv_cache_dtype", "auto")),
+                                          enable_prefix_caching=config.enable_prefix_caching, engine_index=index)
         engine.stat_loggers.append(ServerStatLogger(metrics))
         served: AsyncLLM | AsyncEngine = engine
     else:
@@ -95,8 +97,18 @@ def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_p
 
     @app.get("/health")
     async def health() -> Response:
-        if state.engine.is_alive:
-            return Response(status_code=200)
+        """200 while the engine serves; with several engine cores (data parallel) 200 while one does,
+        its JSON body naming the dead ones ({"dead_engines": {"1": "why"}}); 503 when none serves."""
+        engine = state.engine
+        dead = engine.dead_engines if isinstance(engine, AsyncLLM) and len(engine.core_pids) > 1 else None
+        if engine.is_alive:
+            if dead is None:
+                return Response(status_code=200)
+            return JSONResponse({"status": "degraded" if dead else "ok",
+                                 "dead_engines": {str(index): reason for index, reason in dead.items()}})
+        if dead:
+            raise APIError(f"The engine is not running: every engine core died ("
+                           f"{'; '.join(f'engine {i}: {why}' for i, why in dead.items())}).", status=503)
         raise APIError("The engine is not running.", status=503)
 
     @app.get("/metrics")

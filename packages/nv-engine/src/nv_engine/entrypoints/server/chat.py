@@ -36,6 +36,7 @@ from nv_engine.entrypoints.server.serving import (
     LogprobFormatter,
     ServerState,
     engine_error,
+    engine_headers,
     run_unless_disconnected,
 )
 from nv_engine.sampling_params import RequestOutputKind
@@ -162,9 +163,10 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     run = _ChatRun(state, req, model, request_id, len(ids), top_logprobs,
                    {i: plan.output_parser(prompt_tail) for i in range(req.n)})
     if req.stream:
-        return StreamingResponse(run.events(stream), media_type="text/event-stream")
+        return StreamingResponse(run.events(stream), media_type="text/event-stream",
+                                 headers=engine_headers(stream))
     body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
-    return JSONResponse(body)
+    return JSONResponse(body, headers=engine_headers(stream))
 
 
 class _ChatRun:

@@ -29,6 +29,7 @@ from nv_engine.entrypoints.server.serving import (
     LogprobFormatter,
     ServerState,
     engine_error,
+    engine_headers,
     run_unless_disconnected,
 )
 from nv_engine.sampling_params import RequestOutputKind
@@ -84,9 +85,10 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         raise engine_error(exc) from exc
     run = _CompletionRun(state, req, model, request_id, prompts)
     if req.stream:
-        return StreamingResponse(run.events(stream), media_type="text/event-stream")
+        return StreamingResponse(run.events(stream), media_type="text/event-stream",
+                                 headers=engine_headers(stream))
     body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
-    return JSONResponse(body)
+    return JSONResponse(body, headers=engine_headers(stream))
 
 
 class _CompletionRun:

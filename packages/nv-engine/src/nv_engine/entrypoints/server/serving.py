@@ -25,12 +25,16 @@ from nv_engine.entrypoints.server.protocol import (
     SamplingRequest,
     TopLogprob,
 )
+from nv_engine.output_stream import OutputStream
 from nv_engine.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "max_tokens", "min_tokens", "logprobs", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
                     "bad_words", "prompt_logprobs", "structured_outputs")
+
+# which data-parallel engine core served a request (vLLM has no standard field for it)
+ENGINE_INDEX_HEADER = "x-nv-engine-index"
 
 
 @dataclass
@@ -179,6 +183,14 @@ def guess_param(message: str) -> str | None:
         if re.search(rf"\b{name}\b", message):
             return name
     return None
+
+
+def engine_headers(stream: OutputStream) -> dict[str, str]:
+    """The response header naming the engine core that serves each of the call's requests (in prompt
+    order, comma-separated): `x-nv-engine-index: 1`. None when the engine does not say."""
+    if stream.engine_indices is None:
+        return {}
+    return {ENGINE_INDEX_HEADER: ",".join(str(index) for index in stream.engine_indices)}
 
 
 def engine_error(exc: BaseException) -> APIError:

@@ -47,7 +47,7 @@ class ServerStatLogger:
                 del self._tokens_seen[request_id]
             tracker.observe(request_id, new_tokens, reason, now=now,
                             first_scheduled_time=self._first_scheduled.pop(request_id, None))
-        self.metrics.record(core_outputs.scheduler_stats, tracker.take_iteration_stats())
+        self.metrics.record(core_outputs.scheduler_stats, tracker.take_iteration_stats(), core_outputs.engine_index)
 
     def forget(self, request_ids: list[str]) -> None:
         """Requests that ended without a finished output (aborted, failed): counted as aborted."""
