@@ -25,7 +25,10 @@ def tokenizer() -> PreTrainedTokenizerFast:
                                    additional_special_tokens=["<|im_start|>"])
 
 
-STREAM_MODES = pytest.mark.parametrize("use_stream", [True, False], ids=["stream", "window"])
+# the three decoding paths: byte-level table (the default here), tokenizers' DecodeStream, two windows
+DECODERS = {"byte_level": {}, "stream": {"use_byte_level": False},
+            "window": {"use_byte_level": False, "use_decode_stream": False}}
+STREAM_MODES = pytest.mark.parametrize("mode", list(DECODERS.values()), ids=list(DECODERS))
 
 
 def run(tokenizer, text, prompt="hello", **kw):
@@ -41,12 +44,12 @@ def run(tokenizer, text, prompt="hello", **kw):
 
 
 @STREAM_MODES
-def test_multibyte_characters_are_never_cut(tokenizer, use_stream):
+def test_multibyte_characters_are_never_cut(tokenizer, mode):
     text = "naïve 🎉 日本語 ünïcödé ✨ ok 🙂"  # 🎉 / ✨ are not in the corpus: split into bytes
     ids = tokenizer.encode(text)
     pieces = [tokenizer.decode([i]) for i in ids]
     assert any("\ufffd" in p for p in pieces), "test needs a character cut between tokens"
-    detok, steps, _ = run(tokenizer, text, use_decode_stream=use_stream)
+    detok, steps, _ = run(tokenizer, text, **mode)
     for partial in steps:
         assert "\ufffd" not in partial
         assert text.startswith(partial)
@@ -55,37 +58,37 @@ def test_multibyte_characters_are_never_cut(tokenizer, use_stream):
 
 
 @STREAM_MODES
-def test_stop_string_across_token_boundaries(tokenizer, use_stream):
+def test_stop_string_across_token_boundaries(tokenizer, mode):
     text = "hello world, this is a test of the tokenizer."
     stop = "rld, th"
     ids = tokenizer.encode(text)
     pieces = [tokenizer.decode([i]) for i in ids]
     assert stop not in pieces and not any(stop in p for p in pieces)  # spans several tokens
-    detok, _, stopped = run(tokenizer, text, stop=["zzz", stop], use_decode_stream=use_stream)
+    detok, _, stopped = run(tokenizer, text, stop=["zzz", stop], **mode)
     assert stopped and detok.stop_reason == stop
     assert detok.text == "hello wo"
     detok, _, stopped = run(tokenizer, text, stop=[stop], include_stop_str_in_output=True,
-                            use_decode_stream=use_stream)
+                            **mode)
     assert stopped and detok.text == "hello world, th"
 
 
 @STREAM_MODES
-def test_stop_string_with_multibyte_and_earliest_match(tokenizer, use_stream):
+def test_stop_string_with_multibyte_and_earliest_match(tokenizer, mode):
     text = "héllo wörld ça va? naïve café"
-    detok, _, stopped = run(tokenizer, text, stop=["café", "ça"], use_decode_stream=use_stream)
+    detok, _, stopped = run(tokenizer, text, stop=["café", "ça"], **mode)
     assert stopped and detok.stop_reason == "ça" and detok.text == "héllo wörld "
-    detok, _, stopped = run(tokenizer, text, stop=["nope"], use_decode_stream=use_stream)
+    detok, _, stopped = run(tokenizer, text, stop=["nope"], **mode)
     assert not stopped and detok.text == text and detok.stop_reason is None
 
 
 @STREAM_MODES
-def test_skip_special_tokens(tokenizer, use_stream):
+def test_skip_special_tokens(tokenizer, mode):
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     ids = tokenizer.encode("hello") + [im_start] + tokenizer.encode(" world") + [eos]
     for skip, want in [(True, "hello world"), (False, "hello<|im_start|> world<|endoftext|>")]:
         detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("The"), skip_special_tokens=skip,
-                                       use_decode_stream=use_stream)
+                                       **mode)
         for token_id in ids:
             detok.update([token_id])
         assert detok.text == want
@@ -113,8 +116,8 @@ def test_stream_text_holds_back_possible_stop_prefix(tokenizer):
 
 def test_long_generation_keeps_window_short(tokenizer):
     text = "The quick brown fox jumps over the lazy dog. " * 30
-    for use_stream in (True, False):
-        detok, _, _ = run(tokenizer, text, use_decode_stream=use_stream)
+    for mode in DECODERS.values():
+        detok, _, _ = run(tokenizer, text, **mode)
         assert detok.text == text
         assert len(detok._ids) < 100
 

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from nv_engine.sampling_params import SamplingParams, SamplingType
+from nv_engine.sampling_params import RequestOutputKind, SamplingParams, SamplingType
 from nv_kvcache import StopRules
 
 
@@ -16,7 +16,7 @@ def test_defaults_are_vllms():
                 presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
                 skip_special_tokens=True, include_stop_str_in_output=False, logit_bias=None,
                 allowed_token_ids=None, bad_words=None, bad_words_token_ids=[], prompt_logprobs=None,
-                structured_outputs=None)
+                structured_outputs=None, output_kind=RequestOutputKind.CUMULATIVE)
     assert {f.name: getattr(p, f.name) for f in dataclasses.fields(p)} == want
     assert p.sampling_type == SamplingType.RANDOM and not p.has_penalties
 

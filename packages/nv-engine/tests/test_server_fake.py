@@ -46,6 +46,7 @@ class FakeOutput:
     finished: bool
     num_cached_tokens: int = 0
     prompt_logprobs: list | None = None
+    delta: bool = False        # cumulative outputs, whatever output_kind the server asks for
 
 
 class FakeEngine:

@@ -6,10 +6,11 @@ and runs the model. So the core's loop never waits on HTTP work, tokenization or
 and those never wait on the model. A stop string that ends a running sequence is sent to the core
 as a finish message (the core may compute a token or two more, dropped here).
 
-Outputs are CUMULATIVE: each RequestOutput carries its request's full text and token ids so far
-(every step with news, then the finished one). The OutputProcessor runs in the receiver thread
-(off the asyncio loop), under a lock shared with add / abort; each request's outputs reach its
-asyncio.Queue through `loop.call_soon_threadsafe`, so requests of several event loops work.
+Outputs are CUMULATIVE by default: each RequestOutput carries its request's full text and token ids so
+far (every step with news, then the finished one); SamplingParams.output_kind DELTA sends only what is
+new. The OutputProcessor runs in the receiver thread (off the asyncio loop), under a lock shared with
+add / abort; each request's outputs reach its asyncio.Queue through `loop.call_soon_threadsafe`, so
+requests of several event loops work.
 """
 from __future__ import annotations
 

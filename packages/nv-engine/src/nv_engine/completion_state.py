@@ -14,7 +14,9 @@ from nv_kvcache import FinishReason
 class CompletionState:
     """Token ids, text, logprobs and finish / stop reason of one completion, as reported so far.
 
-    Without a detokenizer the text is decoded once, when the completion finishes."""
+    Without a detokenizer the text is decoded once, when the completion finishes. `to_output(delta=True)`
+    reports what is new since its previous delta output (the streamed text never shrinks: text held
+    back for a stop string is only cut, never sent)."""
 
     index: int
     skip_special_tokens: bool
@@ -25,11 +27,14 @@ class CompletionState:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None              # the stop string or stop token id that ended it
     _final_text: str | None = None
+    _sent_tokens: int = 0                             # delta outputs: token ids (and logprobs) sent
+    _sent_chars: int = 0                              # delta outputs: characters of text sent
 
-    def text(self, tokenizer: Tokenizer | None) -> str:
+    def text(self, tokenizer: Tokenizer | None, start: int = 0) -> str:
+        """The text so far from character `start` on."""
         finished = self.finish_reason is not None
         if self.detokenizer is not None:
-            return self.detokenizer.stream_text(finished)
+            return self.detokenizer.stream_text(finished, start)
         if tokenizer is None or not finished:
             return ""
         if self._final_text is None:
@@ -38,12 +43,23 @@ class CompletionState:
             text = cast(str, tokenizer.decode(   # one list of ids: one str
                 self.token_ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False))
             self._final_text = text.rstrip("\ufffd")
-        return self._final_text
+        return self._final_text[start:]
 
-    def to_output(self, tokenizer: Tokenizer | None) -> CompletionOutput:
+    def to_output(self, tokenizer: Tokenizer | None, *, delta: bool = False) -> CompletionOutput:
+        if delta:   # O(new tokens): slices of what is new
+            start, end = self._sent_tokens, len(self.token_ids)
+            text = self.text(tokenizer, self._sent_chars)
+            self._sent_tokens = end
+            self._sent_chars += len(text)
+            token_ids = self.token_ids[start:end]
+            logprobs = self.logprobs[start:end] if self.logprobs is not None else None
+        else:       # copies: the caller may keep them while this completion grows
+            text = self.text(tokenizer)
+            token_ids = list(self.token_ids)
+            logprobs = list(self.logprobs) if self.logprobs is not None else None
         return CompletionOutput(
-            index=self.index, text=self.text(tokenizer), token_ids=list(self.token_ids),
+            index=self.index, text=text, token_ids=token_ids,
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
-            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            logprobs=logprobs,
             finish_reason=self.finish_reason.value if self.finish_reason is not None else None,
             stop_reason=self.stop_reason)

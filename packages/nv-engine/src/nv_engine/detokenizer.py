@@ -1,16 +1,23 @@
 """Incremental detokenization of one sequence, with stop strings.
 
-With a fast HF tokenizer, tokenizers' DecodeStream yields each step's new text (as vLLM v1 does).
+With a byte-level BPE tokenizer (ByteLevelVocab), each token's bytes are decoded by Python's UTF-8
+decoder as they arrive: the text is tokenizer.decode(output ids), except that a character the prompt's
+last token starts and the output completes is part of the output (as with DecodeStream).
+With another fast HF tokenizer, tokenizers' DecodeStream yields each step's new text (as vLLM v1 does).
 Otherwise two short windows of ids are decoded each step (prefix / read offsets, the scheme of
 vLLM's detokenize_incrementally and HF's TextStreamer): the delta is decode(ids[prefix:]) minus
 decode(ids[prefix:read]). Text ending in U+FFFD (a multi-byte character cut between tokens) is held
-back until the next token completes it, so no cut character is ever emitted.
+back until the next token completes it, so no cut character is ever emitted (each path holds back
+text ending in U+FFFD, which also covers a byte no later token can complete).
 Each stop string is searched in the new text plus (its length - 1) characters before it.
 """
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
+
+from nv_engine.byte_level_vocab import ByteLevelVocab
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as RustTokenizer
@@ -20,6 +27,7 @@ if TYPE_CHECKING:
 # Prompt tokens kept as decoding context, as vLLM does (INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET).
 PROMPT_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
+_utf8_decode = codecs.utf_8_decode   # (bytes, errors, final) -> (text, bytes used); keeps a cut tail
 
 
 class IncrementalDetokenizer:
@@ -33,7 +41,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: Sequence[int], *,
                  skip_special_tokens: bool = True, stop: Iterable[str] = (),
                  include_stop_str_in_output: bool = False, min_tokens: int = 0,
-                 use_decode_stream: bool = True) -> None:
+                 use_byte_level: bool = True, use_decode_stream: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = [s for s in stop if s]
@@ -46,9 +54,19 @@ class IncrementalDetokenizer:
         self._ids: list[int] = context  # decoding window: prompt tail + output ids
         self._prefix_offset = 0
         self._read_offset = len(context)
+        vocab = ByteLevelVocab.of(tokenizer) if use_byte_level else None
+        # byte-level path: id -> bytes, the undecoded bytes of a cut character, and text decoded but
+        # held back because it ends in U+FFFD
+        self._token_bytes = vocab.token_bytes(skip_special_tokens) if vocab is not None else None
+        self._utf8_tail = b""
+        self._held_text = ""
+        if self._token_bytes is not None:
+            # A character the prompt's last bytes start and the output completes belongs to the output.
+            self._byte_level_delta(self._token_bytes, context)
+            self._held_text = ""
         self._stream, self._backend = (
-            _make_decode_stream(tokenizer, skip_special_tokens, context) if use_decode_stream
-            else (None, None))
+            _make_decode_stream(tokenizer, skip_special_tokens, context)
+            if use_decode_stream and vocab is None else (None, None))
         self.num_output_tokens = 0
         self.text = ""
         self.stop_reason: str | None = None
@@ -77,6 +95,22 @@ class IncrementalDetokenizer:
         self._read_offset = len(ids)
         return new_text[len(prefix_text):]
 
+    def _byte_level_delta(self, table: list[bytes], token_ids: Sequence[int]) -> str:
+        """Text these ids complete (byte-level path): all decoded text is held back while the
+        bytes end in a cut character or the text in U+FFFD, as the window decoder does."""
+        size = len(table)
+        tail, held, emitted = self._utf8_tail, self._held_text, ""
+        for token_id in token_ids:
+            data = tail + table[token_id] if 0 <= token_id < size else tail   # ids past the vocab: no text
+            text, used = _utf8_decode(data, "replace", False)
+            tail = data[used:]
+            held += text
+            if held and not tail and held[-1] != _REPLACEMENT_CHAR:
+                emitted += held
+                held = ""
+        self._utf8_tail, self._held_text = tail, held
+        return emitted
+
     def _trim(self) -> None:
         """Drop ids before the decoding window so the list stays short on long generations."""
         drop = self._prefix_offset if self._stream is None else len(self._ids) - PROMPT_CONTEXT_TOKENS
@@ -85,16 +119,27 @@ class IncrementalDetokenizer:
             self._prefix_offset = max(0, self._prefix_offset - drop)
             self._read_offset = max(0, self._read_offset - drop)
 
-    def update(self, new_token_ids: Iterable[int]) -> bool:
+    def update(self, new_token_ids: Sequence[int]) -> bool:
         """Add sampled tokens; return True when the sequence must stop on a stop string."""
         if self.stop_reason is not None:
             raise RuntimeError("update() after a stop string already ended this sequence")
         old_len = len(self.text)
-        for token_id in new_token_ids:
-            self._ids.append(int(token_id))
-            self.num_output_tokens += 1
-            self.text += self._next_delta()
-        self._trim()
+        table = self._token_bytes
+        if table is not None:
+            self.num_output_tokens += len(new_token_ids)
+            delta = self._byte_level_delta(table, new_token_ids)
+        else:
+            delta = ""
+            for token_id in new_token_ids:
+                self._ids.append(int(token_id))
+                self.num_output_tokens += 1
+                delta += self._next_delta()
+            self._trim()
+        if delta:
+            # Appended in place when nothing else holds the text (delta outputs): amortised O(delta).
+            text, self.text = self.text, ""
+            text += delta
+            self.text = text
         if not self.stop or self.num_output_tokens <= self.min_tokens or len(self.text) == old_len:
             return False
         match = find_stop_string(self.text, self.stop, old_len)
@@ -106,12 +151,13 @@ class IncrementalDetokenizer:
         self.stop_reason = stop_str
         return True
 
-    def stream_text(self, finished: bool) -> str:
-        """Text safe to stream now: while running, the last (longest stop - 1) characters are held
-        back, since they may become the start of a stop string that is cut from the output."""
+    def stream_text(self, finished: bool, start: int = 0) -> str:
+        """Text safe to stream now, from character `start` on: while running, the last (longest
+        stop - 1) characters are held back, since they may become the start of a stop string that is
+        cut from the output."""
         if finished or self.stop_buffer_length == 0:
-            return self.text
-        return self.text[:max(0, len(self.text) - self.stop_buffer_length)]
+            return self.text[start:] if start else self.text
+        return self.text[start:max(start, len(self.text) - self.stop_buffer_length)]
 
 
 def _make_decode_stream(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool, context: list[int]
@@ -150,5 +196,8 @@ def find_stop_string(text: str, stop: Sequence[str], new_from: int) -> tuple[str
 
 def decode_token(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
     """One token's text, for Logprob.decoded_token (may be partial UTF-8, shown as U+FFFD)."""
+    vocab = ByteLevelVocab.of(tokenizer)
+    if vocab is not None:
+        return vocab.decode_token(int(token_id))
     return cast(str, tokenizer.decode([int(token_id)], skip_special_tokens=False,
                                       clean_up_tokenization_spaces=False))

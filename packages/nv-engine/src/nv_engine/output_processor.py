@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from nv_engine.byte_level_vocab import ByteLevelVocab
 from nv_engine.completion_state import CompletionState
 from nv_engine.detokenizer import IncrementalDetokenizer, decode_token
 from nv_engine.engine_core_output import SequenceUpdate
@@ -37,6 +38,8 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.stream_outputs = stream_outputs
         self.requests: dict[str, RequestState] = {}
+        if tokenizer is not None:
+            ByteLevelVocab.of(tokenizer)   # the detokenizer's table, built now rather than on the first request
 
     def needs_every_token(self, params: SamplingParams) -> bool:
         """Whether a request with these parameters needs an update after every step (else only the

@@ -34,7 +34,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """A request's state after a step: the prompt and every completion so far (full text)."""
+    """A request's state after a step: the prompt and every completion, each with everything so far
+    (full text), or with `delta` (SamplingParams.output_kind DELTA) only what is new since the
+    request's previous output; cumulative_logprob and finish / stop reasons are always whole."""
 
     request_id: str
     prompt: str | None
@@ -43,3 +45,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     prompt_logprobs: list[SampleLogprobs | None] | None = field(default=None, repr=False)
+    delta: bool = False

@@ -11,7 +11,7 @@ from typing import Protocol
 from nv_engine.structured_output.params import StructuredOutputsParams
 from nv_kvcache import StopRules
 
-__all__ = ["SamplingParams", "SamplingType", "StructuredOutputsParams"]
+__all__ = ["RequestOutputKind", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
@@ -29,6 +29,16 @@ class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each of a request's RequestOutputs carries (vLLM's names). CUMULATIVE: the text, token
+    ids and logprobs so far. DELTA: only those new since the request's previous output (concatenated
+    they make the CUMULATIVE ones; prompt logprobs come once), at a cost per output that does not
+    grow with the output's length."""
+
+    CUMULATIVE = 0
+    DELTA = 1
 
 
 def _is_int(value: object) -> bool:
@@ -53,6 +63,7 @@ class SamplingParams:
     sequences never complete (the last token is banned when the output ends with the others).
     structured_outputs constrains the output to a JSON schema, regex, choice or grammar
     (StructuredOutputsParams; a dict of its fields is taken too).
+    output_kind: RequestOutputKind.CUMULATIVE (every output has everything so far) or DELTA.
     Token ids are checked against the model, and bad_words tokenized, by `prepare_for_model`.
     """
 
@@ -78,6 +89,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # bad_words as token sequences, set by prepare_for_model
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
@@ -87,6 +99,11 @@ class SamplingParams:
         self._check_stops()
         self._check_token_constraints()
         self._check_structured_outputs()
+        if not isinstance(self.output_kind, RequestOutputKind):
+            try:
+                self.output_kind = RequestOutputKind(self.output_kind)
+            except ValueError:
+                raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

@@ -39,6 +39,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
@@ -152,6 +153,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     else:
         max_tokens = state.resolve_max_tokens(req.max_tokens, len(ids))
     params = plan.constrain(state.build_sampling_params(req, max_tokens=max_tokens, logprobs=top_logprobs))
+    params.output_kind = RequestOutputKind.DELTA   # per output only what is new (ChoiceState adds up)
     prompt_tail = state.tokenizer.decode(ids[-PROMPT_TAIL_TOKENS:])
     request_id = random_id("chatcmpl")
     try:
@@ -186,7 +188,7 @@ class _ChatRun:
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs = out.prompt_logprobs
             for comp in out.outputs:
-                self.choices[comp.index].update(comp)
+                self.choices[comp.index].update(comp, out.delta)
                 changed.add(comp.index)
         return changed
 

@@ -32,6 +32,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
@@ -76,6 +77,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         requested = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         max_tokens = state.resolve_max_tokens(requested, len(ids))
         params = state.build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs)
+        params.output_kind = RequestOutputKind.DELTA   # per output only what is new (ChoiceState adds up)
         engine_requests.append((f"{request_id}-{i}", {"prompt_token_ids": ids}, params))
     try:
         stream = await state.engine.add_requests(engine_requests)
@@ -118,7 +120,7 @@ class _CompletionRun:
             if out.prompt_logprobs is not None:
                 self.prompt_logprobs[prompt] = out.prompt_logprobs
             for comp in out.outputs:
-                self.choices[base + comp.index].update(comp)
+                self.choices[base + comp.index].update(comp, out.delta)
                 changed.add(base + comp.index)
         return changed
 

@@ -190,7 +190,7 @@ class AsyncEngine:
                 continue
             new_tokens = 0
             for comp in out.outputs:
-                count = len(comp.token_ids)
+                count = len(comp.token_ids) + (stream.tokens_by_index.get(comp.index, 0) if out.delta else 0)
                 new_tokens += count - stream.tokens_by_index.get(comp.index, 0)
                 stream.tokens_by_index[comp.index] = count
             if m is not None and new_tokens > 0:

@@ -206,7 +206,8 @@ def engine_error(exc: BaseException) -> APIError:
 
 @dataclass
 class ChoiceState:
-    """What one choice has sent so far; outputs carry the full text and tokens so far."""
+    """What one choice has sent so far: the text and tokens so far, taken from cumulative outputs
+    or built from delta ones (every delta output must be applied, in order)."""
 
     index: int
     text: str = ""
@@ -218,10 +219,18 @@ class ChoiceState:
     stop_reason: int | str | None = None
     done: bool = False           # finish chunk sent
 
-    def update(self, comp: Any) -> None:
-        self.text = comp.text
-        self.token_ids = comp.token_ids      # the engine hands over fresh lists each step
-        self.logprobs = comp.logprobs
+    def update(self, comp: Any, delta: bool = False) -> None:
+        if delta:                            # this choice's own lists, extended
+            self.text += comp.text
+            self.token_ids.extend(comp.token_ids)
+            if comp.logprobs is not None:
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(comp.logprobs)
+        else:
+            self.text = comp.text
+            self.token_ids = comp.token_ids      # the engine hands over fresh lists each step
+            self.logprobs = comp.logprobs
         if comp.finish_reason is not None:
             self.finish_reason = str(getattr(comp.finish_reason, "value", comp.finish_reason))
             self.stop_reason = comp.stop_reason

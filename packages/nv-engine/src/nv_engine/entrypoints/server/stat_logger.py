@@ -9,8 +9,8 @@ from nv_engine.outputs import RequestOutput
 
 
 class ServerStatLogger:
-    """An AsyncLLM stat logger (AsyncLLM.stat_loggers). Per step it turns the request outputs (cumulative
-    token counts) and the core's first-scheduled times into a RequestStatsTracker's IterationStats, and
+    """An AsyncLLM stat logger (AsyncLLM.stat_loggers). Per step it turns the request outputs (token counts,
+    cumulative or delta) and the core's first-scheduled times into a RequestStatsTracker's IterationStats, and
     records them with the core's SchedulerStats snapshot in ServerMetrics: TTFT, inter-token latency,
     queue / prefill / decode / end-to-end times, token counters, finished requests, prefix-cache and
     preemption counters, the scheduler gauges and the step width.
@@ -38,7 +38,7 @@ class ServerStatLogger:
                                     arrival_times.get(request_id, now))
             new_tokens = 0
             for comp in out.outputs:
-                count = len(comp.token_ids)
+                count = len(comp.token_ids) + (seen.get(comp.index, 0) if out.delta else 0)
                 new_tokens += count - seen.get(comp.index, 0)
                 seen[comp.index] = count
             reason = None
