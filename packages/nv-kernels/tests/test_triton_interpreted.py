@@ -141,7 +141,8 @@ def _fp8_batch(b: PagedBatch, dtype: torch.dtype, per_channel: bool = False,
 
 
 # (cache dtype, block size, splits, q dtype, per-channel scales); a 16-bit q runs the float16 dots
-FP8_DECODE_CASES = [(torch.float8_e4m3fn, 4, 1, torch.float32, False), (torch.float8_e4m3fn, 16, 4, torch.bfloat16, True),
+FP8_DECODE_CASES = [(torch.float8_e4m3fn, 4, 1, torch.float32, False),
+                    (torch.float8_e4m3fn, 16, 4, torch.bfloat16, True),
                     (torch.float8_e5m2, 1, 3, torch.float16, True)]
 TOL_16BIT = 4e-3   # q * k_scale and the probabilities rounded to float16
 

@@ -120,11 +120,11 @@ def _qk_norm_rope_kernel(
     else:
         slot = t * 0 - 1
     _norm_rope_heads(Q, stride_qt, stride_qh, Q_OUT, stride_qot, QW, t, cos, sin, eps, K_CACHE, stride_cb,
-                     stride_cs, stride_ch, slot, K_SCALE, stride_ksh, stride_ksd, num_q_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL,
-                     False, BLOCK_SIZE, HQ_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
+                     stride_cs, stride_ch, slot, K_SCALE, stride_ksh, stride_ksd, num_q_heads, HEAD_DIM, HALF,
+                     HAS_NORM, HAS_TAIL, False, BLOCK_SIZE, HQ_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
     _norm_rope_heads(K, stride_kt, stride_kh, K_OUT, stride_kot, KW, t, cos, sin, eps, K_CACHE, stride_cb,
-                     stride_cs, stride_ch, slot, K_SCALE, stride_ksh, stride_ksd, num_kv_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL,
-                     STORE, BLOCK_SIZE, HKV_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
+                     stride_cs, stride_ch, slot, K_SCALE, stride_ksh, stride_ksd, num_kv_heads, HEAD_DIM, HALF,
+                     HAS_NORM, HAS_TAIL, STORE, BLOCK_SIZE, HKV_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
     if HAS_V:
         h = tl.arange(0, HKV_PAD)[:, None]                                  # [Hkv, 1]
         d = tl.arange(0, D_PAD)[None, :]                                    # [1, D]

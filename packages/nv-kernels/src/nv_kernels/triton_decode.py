@@ -220,7 +220,8 @@ def decode_attention(
         block_tables.stride(0), out.stride(0), out.stride(1), *k_strides, *v_strides,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
-        FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), num_warps=num_warps or 4, num_stages=num_stages or (4 if tile > block_size >= 32 else 2),
+        FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), num_warps=num_warps or 4,
+        num_stages=num_stages or (4 if tile > block_size >= 32 else 2),
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, hq)](

@@ -30,7 +30,8 @@ def quantize_to(x, scale_ptrs, mask, FP8_MAX: tl.constexpr, dtype: tl.constexpr)
 def _store_kvcache_kernel(
     KEY, VALUE, K_CACHE, V_CACHE, SLOTS, K_SCALE, V_SCALE,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
-    stride_ksh, stride_ksd, stride_vsh, stride_vsd, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    stride_ksh, stride_ksd, stride_vsh, stride_vsd,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)

@@ -67,7 +67,7 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.kv_amax is not None:
+        if self.kv_amax is not None and num_tokens:
             seen = torch.stack([k.detach().abs().amax(0), v.detach().abs().amax(0)]).float()   # [2, Hkv, D]
             self.kv_amax = torch.maximum(self.kv_amax, seen)
         if self.k_cache.numel() == 0:
