@@ -3,8 +3,8 @@
 The engine's invariants hold with an FP8 cache as with the default one (every attention, prefill
 included, reads the quantized K/V): a prefix-cache hit gives the tokens a miss gives, chunked prefill
 gives the tokens one-step prefill gives, preemption keeps the greedy tokens. The scales come from the
-checkpoint (per tensor, broadcast), a calibration run (per KV head and channel), or 1.0, and are fixed
-before the first request.
+checkpoint or a calibration run (per tensor, broadcast over the [Hkv, D] grid the kernels read), or 1.0,
+and are fixed before the first request.
 """
 from __future__ import annotations
 
@@ -121,10 +121,11 @@ def test_calibrated_scales_are_fixed_and_logged(tiny_qwen3_dir: Path, caplog: py
     finally:
         llm.shutdown()
     # K after q/k-norm and rotary of random weights: calibrated, not 1.0, and within the FP8 range;
-    # one scale per (KV head, channel): channels of one head get scales of their own
+    # [Hkv, D] per layer, one calibrated number per tensor (kv_scales.K_GRANULARITY) broadcast
     assert before.shape == (2, 2, 2, 16)
     assert bool(((before > 0) & (before < 1)).all())
-    assert all(len(head.unique()) > 1 for head in before.reshape(-1, 16))
+    assert all(len(tensor.unique()) == 1 for tensor in before.reshape(4, -1))
+    assert len(before.unique()) == 4
     assert any("dtype float8_e4m3fn" in r.message and "calibrated on" in r.message for r in caplog.records)
 
 
@@ -153,7 +154,8 @@ def test_checkpoint_scales_and_calibration_off(tiny_qwen3_dir: Path, tmp_path: P
     assert scales() == from_checkpoint
     assert scales(calculate_kv_scales=False) == from_checkpoint
     calibrated = scales(calculate_kv_scales=True)
-    assert all(len(k) > 1 and max(k) < fp8_max(torch.float8_e4m3fn) for k, _ in calibrated)
+    assert calibrated != from_checkpoint
+    assert all(len(k) == len(v) == 1 and k[0] < fp8_max(torch.float8_e4m3fn) for k, v in calibrated)
     assert _generate(model_dir, random_prompts([20], seed=4), kv_cache_dtype="auto")   # scales ignored
 
 
