@@ -148,7 +148,10 @@ def compute_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> tl.dtype:
     value; Hopper converts e4m3 pairs to f16 pairs directly), otherwise q's dtype (as the cache)."""
     if is_fp8(cache_dtype) and q_dtype in (torch.float16, torch.bfloat16):
         return tl.float16
-    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[q_dtype]
+    by_torch_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+    if q_dtype not in by_torch_dtype:
+        raise ValueError(f"attention queries must be float16, bfloat16 or float32, got {q_dtype}")
+    return by_torch_dtype[q_dtype]
 
 
 @functools.lru_cache(maxsize=8)
