@@ -3,7 +3,8 @@
 The engine's invariants hold with an FP8 cache as with the default one (every attention, prefill
 included, reads the quantized K/V): a prefix-cache hit gives the tokens a miss gives, chunked prefill
 gives the tokens one-step prefill gives, preemption keeps the greedy tokens. The scales come from the
-checkpoint, a calibration run, or 1.0, and are fixed before the first request.
+checkpoint or a calibration run (per tensor, broadcast over the [Hkv, D] grid the kernels read), or 1.0,
+and are fixed before the first request.
 """
 from __future__ import annotations
 
@@ -111,16 +112,20 @@ def test_calibrated_scales_are_fixed_and_logged(tiny_qwen3_dir: Path, caplog: py
         llm = LLM(str(tiny_qwen3_dir), block_size=16, kv_cache_dtype="fp8")
     try:
         layers = _attention_layers(llm)
-        before = [(layer.k_scale.item(), layer.v_scale.item()) for layer in layers]
+        before = torch.stack([torch.stack([layer.k_scale, layer.v_scale]) for layer in layers])   # [L, 2, Hkv, D]
         runner = llm.llm_engine.executor.runner
         assert runner.kv_block_bytes() == 2 * 16 * 2 * 16 * 2   # 1 byte: 2 layers x K,V x 16 tokens x 2 x 16
         assert all(layer.k_cache.dtype == torch.float8_e4m3fn for layer in layers)
         llm.generate(random_prompts([30], seed=9), GREEDY, use_tqdm=False)
-        assert [(layer.k_scale.item(), layer.v_scale.item()) for layer in layers] == before
+        assert torch.equal(torch.stack([torch.stack([layer.k_scale, layer.v_scale]) for layer in layers]), before)
     finally:
         llm.shutdown()
-    # K after q/k-norm and rotary of random weights: calibrated, not 1.0, and within the FP8 range
-    assert all(0 < k < 1 and 0 < v < 1 for k, v in before)
+    # K after q/k-norm and rotary of random weights: calibrated, not 1.0, and within the FP8 range;
+    # [Hkv, D] per layer, one calibrated number per tensor (kv_scales.K_GRANULARITY) broadcast
+    assert before.shape == (2, 2, 2, 16)
+    assert bool(((before > 0) & (before < 1)).all())
+    assert all(len(tensor.unique()) == 1 for tensor in before.reshape(4, -1))
+    assert len(before.unique()) == 4
     assert any("dtype float8_e4m3fn" in r.message and "calibrated on" in r.message for r in caplog.records)
 
 
@@ -135,25 +140,30 @@ def test_checkpoint_scales_and_calibration_off(tiny_qwen3_dir: Path, tmp_path: P
     weights["model.layers.1.self_attn.v_proj.v_scale"] = torch.tensor(0.05)
     save_file(weights, str(model_dir / "model.safetensors"))
 
-    def scales(**kwargs) -> list[tuple[float, float]]:
+    def scales(**kwargs) -> list[tuple[list[float], list[float]]]:
+        """Per layer the distinct K and V scale values over its (KV head, channel) grid."""
         llm = LLM(str(model_dir), block_size=16, kv_cache_dtype="fp8", **kwargs)
         try:
-            return [(round(layer.k_scale.item(), 6), round(layer.v_scale.item(), 6))
+            return [(layer.k_scale.unique().tolist(), layer.v_scale.unique().tolist())
                     for layer in _attention_layers(llm)]
         finally:
             llm.shutdown()
 
-    assert scales() == [(0.02, 0.03), (0.04, 0.05)]
-    assert scales(calculate_kv_scales=False) == [(0.02, 0.03), (0.04, 0.05)]
+    # per tensor from the checkpoint, broadcast to every (KV head, channel)
+    from_checkpoint = [([pytest.approx(0.02)], [pytest.approx(0.03)]), ([pytest.approx(0.04)], [pytest.approx(0.05)])]
+    assert scales() == from_checkpoint
+    assert scales(calculate_kv_scales=False) == from_checkpoint
     calibrated = scales(calculate_kv_scales=True)
-    assert calibrated != [(0.02, 0.03), (0.04, 0.05)] and all(k < fp8_max(torch.float8_e4m3fn) for k, _ in calibrated)
+    assert calibrated != from_checkpoint
+    assert all(len(k) == len(v) == 1 and k[0] < fp8_max(torch.float8_e4m3fn) for k, v in calibrated)
     assert _generate(model_dir, random_prompts([20], seed=4), kv_cache_dtype="auto")   # scales ignored
 
 
 def test_calibration_off_without_checkpoint_scales_is_one(tiny_qwen3_dir: Path) -> None:
     llm = LLM(str(tiny_qwen3_dir), block_size=16, kv_cache_dtype="fp8_e5m2", calculate_kv_scales=False)
     try:
-        assert all(layer.k_scale.item() == layer.v_scale.item() == 1.0 for layer in _attention_layers(llm))
+        assert all(bool((layer.k_scale == 1.0).all() and (layer.v_scale == 1.0).all())
+                   for layer in _attention_layers(llm))
         assert llm.generate(random_prompts([20], seed=4), GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     finally:
         llm.shutdown()

@@ -172,14 +172,20 @@ def run_fp8(fn: Any, c: Case, head_dim: int, fp8: torch.dtype, scales: tuple[tor
     return k, k_cache, v_cache
 
 
-@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_interpreted_fp8_store(interp: ModuleType, poisoned: None, fp8: torch.dtype, dtype: torch.dtype) -> None:
-    """The stored codes are quantize(k after norm + rope) and quantize(v). The interpreter's own FP8 rounding
-    is inexact (no carry into the exponent, truncated subnormals): codes may differ by one step here; the
-    GPU test holds them equal."""
+@pytest.mark.parametrize("fp8,dtype,per_channel", [(torch.float8_e4m3fn, torch.float32, False),
+                                                    (torch.float8_e4m3fn, torch.bfloat16, True),
+                                                    (torch.float8_e5m2, torch.float32, True),
+                                                    (torch.float8_e5m2, torch.bfloat16, False)])
+def test_interpreted_fp8_store(interp: ModuleType, poisoned: None, fp8: torch.dtype, dtype: torch.dtype,
+                               per_channel: bool) -> None:
+    """The stored codes are quantize(k after norm + rope) and quantize(v), with scales per tensor or per
+    (KV head, channel). The interpreter's own FP8 rounding is inexact (no carry into the exponent, truncated
+    subnormals): codes may differ by one step here; the GPU test holds them equal."""
     c = make_case(7, 4, 2, 16, 16, dtype, block_size=4, seed=21)
     scales = (torch.tensor([0.01]), torch.tensor([0.004]))   # |x| up to ~8: some clamp at +-max * scale
+    if per_channel:   # [Hkv, D]: each channel 1/4..4 times the per-tensor scale, so a misplaced scale shows
+        gen = torch.Generator().manual_seed(3)
+        scales = tuple(s * 2.0 ** torch.randint(-2, 3, (2, 16), generator=gen).float() for s in scales)
     k, k_cache, v_cache = run_fp8(interp.qk_norm_rope_triton, c, 16, fp8, scales)
     rk, rk_cache, rv_cache = run_fp8(qk_norm_rope_torch, c, 16, fp8, scales)
     check_close(k, rk)

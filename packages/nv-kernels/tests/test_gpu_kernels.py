@@ -109,8 +109,10 @@ def test_decode_in_cuda_graph_with_zero_length_rows() -> None:
 
 
 # ---- FP8 KV cache at real shapes: Triton against the torch reference on the same FP8 cache ---------------
-FP8_CASES = [(16, 8, 128, bs, torch.bfloat16, fp8) for bs in (16, 64, 256) for fp8 in (torch.float8_e4m3fn,)]
-FP8_CASES += [(16, 8, 128, 64, torch.bfloat16, torch.float8_e5m2), (32, 4, 64, 16, torch.float16, torch.float8_e4m3fn)]
+# (Hq, Hkv, D, block size, q dtype, cache dtype, scales per (KV head, channel) as the engine calibrates them)
+FP8_CASES = [(16, 8, 128, bs, torch.bfloat16, torch.float8_e4m3fn, bs != 256) for bs in (16, 64, 256)]
+FP8_CASES += [(16, 8, 128, 64, torch.bfloat16, torch.float8_e5m2, True),
+              (32, 4, 64, 16, torch.float16, torch.float8_e4m3fn, False)]
 
 
 def _fp8_codes_match(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -127,11 +129,15 @@ def test_fp8_store_decode_prefill(case: tuple, monkeypatch: pytest.MonkeyPatch) 
     from nv_kernels.triton_decode import decode_attention
 
     _poison_workspaces(monkeypatch)
-    hq, hkv, d, bs, dtype, fp8 = case
+    hq, hkv, d, bs, dtype, fp8, per_channel = case
     q_lens = [1, 2, 15, 1, 17, 100, 200, 256, 1, 1000, 700, 512]
     b = _batch(q_lens, case[:5], seed=bs + 5)
     k_scale = torch.tensor([0.012], device="cuda")   # N(0, 1) keys: max |k| / k_scale ~ 400 < 448
     v_scale = torch.tensor([0.004], device="cuda")   # values: some clamp at +-448 * v_scale
+    if per_channel:   # [Hkv, D]: 1..2 times the per-tensor scale, a different one for every (KV head, channel)
+        gen = torch.Generator(device="cuda").manual_seed(bs)
+        k_scale = k_scale * (1 + torch.rand(hkv, d, device="cuda", generator=gen))
+        v_scale = v_scale * (1 + torch.rand(hkv, d, device="cuda", generator=gen))
     k_cache, v_cache = quantize(b.k_cache, k_scale, fp8), quantize(b.v_cache, v_scale, fp8)  # NaN slots stay NaN
     b.k_cache = b.v_cache = torch.empty(0)   # free the source caches (large at NUM_BLOCKS)
     backend = get_backend("triton", "cuda")
@@ -166,7 +172,7 @@ def test_fp8_decode_in_cuda_graph_reads_scales_at_replay() -> None:
 
     case = (16, 8, 128, 64, torch.bfloat16)
     b = _batch([1] * len(CONTEXTS), case, seed=9)
-    k_scale, v_scale = torch.tensor([0.02], device="cuda"), torch.tensor([0.02], device="cuda")
+    k_scale, v_scale = torch.full((8, 128), 0.02, device="cuda"), torch.full((8, 128), 0.02, device="cuda")
     k_cache = quantize(b.k_cache, k_scale, torch.float8_e4m3fn)
     v_cache = quantize(b.v_cache, v_scale, torch.float8_e4m3fn)
     backend = get_backend("triton", "cuda")
@@ -180,8 +186,8 @@ def test_fp8_decode_in_cuda_graph_reads_scales_at_replay() -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
-    k_scale.fill_(0.01)
-    v_scale.fill_(0.05)
+    k_scale[:, ::2] = 0.01   # per (KV head, channel): half the channels change
+    v_scale[1::2] = 0.05
     graph.replay()
     ref = REF.decode(b.q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=4096,
                      scale=0.1, k_scale=k_scale, v_scale=v_scale)

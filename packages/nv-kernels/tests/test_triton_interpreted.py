@@ -123,38 +123,60 @@ def test_cpu_tensors_need_the_interpreter(kernels: dict, monkeypatch: pytest.Mon
 # ---- FP8 KV cache: the Triton kernels against the torch reference on the same FP8 cache ------------------
 
 
-def _fp8_batch(b: PagedBatch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The batch's caches quantized (NaN slots stay NaN) and their scales (amax / 200, as calibration)."""
-    k_scale = (b.k_cache.nan_to_num().abs().amax() / 200).reshape(1).float()
-    v_scale = torch.tensor([0.02])  # V values ~N(0, 1): many clamp at +-max * 0.02, exercising saturation
+def _fp8_batch(b: PagedBatch, dtype: torch.dtype, per_channel: bool = False,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's caches quantized (NaN slots stay NaN) and their scales: amax / 200 as calibration, per
+    tensor [1] or per (KV head, channel) [Hkv, D] (then K channels get magnitudes 1/8..8, as rotated keys'
+    outlier channels, so a wrong channel's scale shows)."""
+    if per_channel:
+        gen = torch.Generator().manual_seed(5)
+        spread = 2.0 ** torch.randint(-3, 4, b.k_cache.shape[2:], generator=gen).float()  # [Hkv, D]
+        b.k_cache = b.k_cache * spread
+        k_scale = b.k_cache.nan_to_num().abs().amax(dim=(0, 1)) / 200                    # [Hkv, D]
+        v_scale = torch.rand(b.v_cache.shape[2:], generator=gen) * 0.02 + 0.01
+    else:
+        k_scale = (b.k_cache.nan_to_num().abs().amax() / 200).reshape(1).float()
+        v_scale = torch.tensor([0.02])  # V values ~N(0, 1): many clamp at +-max * 0.02, exercising saturation
     return quantize(b.k_cache, k_scale, dtype), quantize(b.v_cache, v_scale, dtype), k_scale, v_scale
 
 
-@pytest.mark.parametrize("dtype,block_size,num_splits", [(torch.float8_e4m3fn, 4, 1), (torch.float8_e4m3fn, 16, 4),
-                                                        (torch.float8_e5m2, 1, 3)])
+# (cache dtype, block size, splits, q dtype, per-channel scales); a 16-bit q runs the float16 dots
+FP8_DECODE_CASES = [(torch.float8_e4m3fn, 4, 1, torch.float32, False),
+                    (torch.float8_e4m3fn, 16, 4, torch.bfloat16, True),
+                    (torch.float8_e5m2, 1, 3, torch.float16, True)]
+TOL_16BIT = 4e-3   # q * k_scale and the probabilities rounded to float16
+
+
+@pytest.mark.parametrize("dtype,block_size,num_splits,q_dtype,per_channel", FP8_DECODE_CASES)
 def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype, block_size: int,
-                                      num_splits: int) -> None:
+                                      num_splits: int, q_dtype: torch.dtype, per_channel: bool) -> None:
     seq_lens = [1, 37, 16, 5]
     b = _batch(seq_lens, [1] * len(seq_lens), (4, 2), block_size, seed=block_size + 11)
-    k_cache, v_cache, k_scale, v_scale = _fp8_batch(b, dtype)
-    out = kernels["decode"].decode_attention(b.q, k_cache, v_cache, b.seq_lens, b.block_tables, max_seqlen_k=128,
+    k_cache, v_cache, k_scale, v_scale = _fp8_batch(b, dtype, per_channel)
+    q = b.q.to(q_dtype)
+    out = kernels["decode"].decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, max_seqlen_k=128,
                                              scale=0.25, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
-    ref = REF.decode(b.q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=128,
+    ref = REF.decode(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=128,
                      scale=0.25, k_scale=k_scale, v_scale=v_scale)
-    assert relative_error(out, ref) < TOL
+    assert out.dtype == q_dtype
+    assert relative_error(out.float(), ref.float()) < (TOL if q_dtype == torch.float32 else TOL_16BIT)
     # the reference reads fp8 * scale: the same as attending over the dequantized float cache
-    dense = REF.decode(b.q, dequantize(k_cache, k_scale), dequantize(v_cache, v_scale), seq_lens=b.seq_lens,
+    dense = REF.decode(q, dequantize(k_cache, k_scale), dequantize(v_cache, v_scale), seq_lens=b.seq_lens,
                        block_tables=b.block_tables, max_seqlen_k=128, scale=0.25)
-    assert relative_error(ref, dense) < TOL
+    assert relative_error(ref.float(), dense.float()) < TOL
 
 
-@pytest.mark.parametrize("dtype,block_size", [(torch.float8_e4m3fn, 16), (torch.float8_e5m2, 1)])
+@pytest.mark.parametrize("dtype,block_size,q_dtype,per_channel", [(torch.float8_e4m3fn, 16, torch.float32, True),
+                                                                  (torch.float8_e5m2, 1, torch.bfloat16, False)])
 def test_fp8_store_then_prefill_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype,
-                                                  block_size: int) -> None:
+                                                  block_size: int, q_dtype: torch.dtype, per_channel: bool) -> None:
     hq, hkv, d = 8, 2, 16
     b = _batch([6, 20, 13, 7], [6, 20, 5, 1], (hq, hkv), block_size, seed=block_size + 3)
     k_cache, v_cache, _, _ = _fp8_batch(b, dtype)
     k_scale, v_scale = torch.tensor([0.25]), torch.tensor([2.0 ** -9])   # powers of two: x / scale is exact
+    if per_channel:   # [Hkv, D], still powers of two
+        k_scale = k_scale * 2.0 ** torch.randint(-3, 4, (hkv, d), generator=torch.Generator().manual_seed(1))
+        v_scale = v_scale * 2.0 ** torch.randint(-3, 4, (hkv, d), generator=torch.Generator().manual_seed(2))
     # New K/V: FP8 values (subnormals included) times the scale, so the store rounds nothing (the
     # interpreter's own FP8 rounding is inexact; the GPU test checks rounding), and some beyond the range.
     gen = torch.Generator().manual_seed(2)
@@ -172,8 +194,10 @@ def test_fp8_store_then_prefill_matches_reference(kernels: dict, poisoned: None,
     assert torch.equal(v_cache.view(torch.uint8), v_ref.view(torch.uint8))
     kw = dict(cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, block_tables=b.block_tables,
               max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, scale=0.3, k_scale=k_scale, v_scale=v_scale)
-    out = backend.prefill(b.q, k_cache, v_cache, **kw)
-    assert relative_error(out, REF.prefill(b.q, k_ref, v_ref, **kw)) < TOL
+    q = b.q.to(q_dtype)
+    out = backend.prefill(q, k_cache, v_cache, **kw)
+    ref = REF.prefill(q, k_ref, v_ref, **kw)
+    assert relative_error(out.float(), ref.float()) < (TOL if q_dtype == torch.float32 else TOL_16BIT)
 
 
 def test_fp8_cache_without_scales_is_refused(kernels: dict) -> None:

@@ -6,7 +6,8 @@ first `rotary_dim` dims NeoX style (rotate_half, as HF's Qwen3 / Llama) with cos
 rotary module's [P, rotary_dim] table (cos | sin halves; every rope scaling type only changes that
 table), writes contiguous q / k / v, and optionally scatters k and v into the paged cache
 [NB, BS, Hkv, D] at slot_mapping[t] (slot < 0: skip), as the backends' store_kvcache would (an FP8
-cache gets clamp(x / scale) rounded, nv_kernels.kv_quant's rule, from the rounded k / v).
+cache gets clamp(x / scale) rounded, nv_kernels.kv_quant's rule, from the rounded k / v; scale per
+(KV head, channel), or one number read through zero strides).
 Numerics: the norm as HF (fp32, cast to the dtype, times the weight, cast), then the rotation in fp32
 on that rounded value, rounded once -- the same as nv_layers' torch path.
 Only builtins and this module's jit helpers inside the kernels (see fused_norm's note).
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled, next_power_of_2, triton_jit
 from nv_kernels.fused_norm import rms_norm_torch
-from nv_kernels.kv_quant import check_scales, fp8_max, is_fp8, quantize
+from nv_kernels.kv_quant import check_scales, fp8_max, is_fp8, quantize, scale_strides
 
 try:
     import triton.language as tl
@@ -38,10 +39,11 @@ def _add(a, b):
 
 
 @triton_jit
-def _to_cache(x, scale_ptr, FP8_MAX: tl.constexpr, dtype: tl.constexpr):
-    """x -> the cache dtype: clamp(x / scale) rounded for an FP8 cache (FP8_MAX > 0), else a cast."""
+def _to_cache(x, scale_ptrs, mask, FP8_MAX: tl.constexpr, dtype: tl.constexpr):
+    """x -> the cache dtype: clamp(x / scale) rounded for an FP8 cache (FP8_MAX > 0; scale_ptrs: a tile of
+    pointers to each element's scale, read where mask holds), else a cast."""
     if FP8_MAX > 0:
-        y = x.to(tl.float32) / tl.load(scale_ptr)
+        y = x.to(tl.float32) / tl.load(scale_ptrs, mask=mask, other=1.0)
         y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
         return y.to(dtype, fp_downcast_rounding="rtne")
     return x.to(dtype)
@@ -50,7 +52,7 @@ def _to_cache(x, scale_ptr, FP8_MAX: tl.constexpr, dtype: tl.constexpr):
 @triton_jit
 def _norm_rope_heads(
     IN, stride_it, stride_ih, OUT, stride_ot, W, t, cos, sin, eps, CACHE, stride_cb, stride_cs, stride_ch,
-    slot, SCALE, N_HEADS, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    slot, SCALE, stride_sh, stride_sd, N_HEADS, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_TAIL: tl.constexpr, STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr, H_PAD: tl.constexpr,
     HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
@@ -87,18 +89,22 @@ def _norm_rope_heads(
         cdst = CACHE + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch
         keep = tl.full([H_PAD, HALF_PAD], 0, tl.int64) + slot >= 0         # the interpreter wants tile masks
         ty = CACHE.dtype.element_ty
-        tl.store(cdst + i, _to_cache(out_lo, SCALE, FP8_MAX, ty), mask=m & keep)
-        tl.store(cdst + HALF + i, _to_cache(out_hi, SCALE, FP8_MAX, ty), mask=m & keep)
+        scales = SCALE + h * stride_sh                                      # [H, 1] pointers
+        tl.store(cdst + i, _to_cache(out_lo, scales + i * stride_sd, m & keep, FP8_MAX, ty), mask=m & keep)
+        tl.store(cdst + HALF + i, _to_cache(out_hi, scales + (HALF + i) * stride_sd, m & keep, FP8_MAX, ty),
+                 mask=m & keep)
         if HAS_TAIL:
             keep_t = tl.full([H_PAD, TAIL_PAD], 0, tl.int64) + slot >= 0
-            tl.store(cdst + j, _to_cache(tail.to(OUT.dtype.element_ty), SCALE, FP8_MAX, ty), mask=mt & keep_t)
+            tl.store(cdst + j, _to_cache(tail.to(OUT.dtype.element_ty), scales + j * stride_sd, mt & keep_t,
+                                         FP8_MAX, ty), mask=mt & keep_t)
 
 
 @triton_jit
 def _qk_norm_rope_kernel(
     Q, K, V, POS, COS_SIN, QW, KW, Q_OUT, K_OUT, V_OUT, SLOTS, K_CACHE, V_CACHE, K_SCALE, V_SCALE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_kot, stride_vot,
-    stride_cos, stride_cb, stride_cs, stride_ch, eps, num_q_heads, num_kv_heads,
+    stride_cos, stride_cb, stride_cs, stride_ch, stride_ksh, stride_ksd, stride_vsh, stride_vsd, eps,
+    num_q_heads, num_kv_heads,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr, HAS_TAIL: tl.constexpr,
     HAS_V: tl.constexpr, STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr, HQ_PAD: tl.constexpr,
     HKV_PAD: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, D_PAD: tl.constexpr,
@@ -114,11 +120,11 @@ def _qk_norm_rope_kernel(
     else:
         slot = t * 0 - 1
     _norm_rope_heads(Q, stride_qt, stride_qh, Q_OUT, stride_qot, QW, t, cos, sin, eps, K_CACHE, stride_cb,
-                     stride_cs, stride_ch, slot, K_SCALE, num_q_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL,
-                     False, BLOCK_SIZE, HQ_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
+                     stride_cs, stride_ch, slot, K_SCALE, stride_ksh, stride_ksd, num_q_heads, HEAD_DIM, HALF,
+                     HAS_NORM, HAS_TAIL, False, BLOCK_SIZE, HQ_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
     _norm_rope_heads(K, stride_kt, stride_kh, K_OUT, stride_kot, KW, t, cos, sin, eps, K_CACHE, stride_cb,
-                     stride_cs, stride_ch, slot, K_SCALE, num_kv_heads, HEAD_DIM, HALF, HAS_NORM, HAS_TAIL,
-                     STORE, BLOCK_SIZE, HKV_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
+                     stride_cs, stride_ch, slot, K_SCALE, stride_ksh, stride_ksd, num_kv_heads, HEAD_DIM, HALF,
+                     HAS_NORM, HAS_TAIL, STORE, BLOCK_SIZE, HKV_PAD, HALF_PAD, TAIL_PAD, FP8_MAX)
     if HAS_V:
         h = tl.arange(0, HKV_PAD)[:, None]                                  # [Hkv, 1]
         d = tl.arange(0, D_PAD)[None, :]                                    # [1, D]
@@ -128,7 +134,8 @@ def _qk_norm_rope_kernel(
         if STORE:
             keep = tl.full([HKV_PAD, D_PAD], 0, tl.int64) + slot >= 0
             cdst = V_CACHE + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
-            tl.store(cdst + h * stride_ch + d, _to_cache(v, V_SCALE, FP8_MAX, V_CACHE.dtype.element_ty),
+            v_scales = V_SCALE + h * stride_vsh + d * stride_vsd                # [Hkv, D] pointers
+            tl.store(cdst + h * stride_ch + d, _to_cache(v, v_scales, mv & keep, FP8_MAX, V_CACHE.dtype.element_ty),
                      mask=mv & keep)
 
 
@@ -206,7 +213,9 @@ def qk_norm_rope_triton(
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
             0 if v3 is None else v3.stride(0), 0 if v3 is None else v3.stride(1),
             q_out.stride(0), k_out.stride(0), 0 if v_out is None else v_out.stride(0),
-            cos_sin_cache.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), float(eps),
+            cos_sin_cache.stride(0), cache.stride(0), cache.stride(1), cache.stride(2),
+            *(scale_strides(k_scale) if fp8 and k_scale is not None else (0, 0)),
+            *(scale_strides(v_scale) if fp8 and v_scale is not None else (0, 0)), float(eps),
             num_q_heads, num_kv_heads,
             HEAD_DIM=head_dim, HALF=half, HAS_NORM=q_weight is not None, HAS_TAIL=rotary_dim < head_dim,
             HAS_V=v3 is not None, STORE=store, BLOCK_SIZE=cache.shape[1] if store else 1, HQ_PAD=hq_pad,

@@ -22,7 +22,8 @@ class AttentionBackend(Protocol):
     ) -> None:
         """key/value [T, Hkv, D] -> cache slot slot_mapping[t] = block_id * BS + offset; slot < 0 skips.
 
-        An FP8 cache (nv_kernels.kv_quant) stores clamp(x / scale) and needs k_scale / v_scale ([1] float32);
+        An FP8 cache (nv_kernels.kv_quant) stores clamp(x / scale) and needs k_scale / v_scale (float32, [1] or
+        per (KV head, channel) [Hkv, D]);
         the attention methods then read K as fp8 * k_scale and V as fp8 * v_scale."""
         ...
 

@@ -1,9 +1,15 @@
 """FP8 KV cache: the cache dtypes, and the reference quantize / dequantize every backend agrees with.
 
 A cache element is stored as clamp(x / scale, -max, max) rounded to the FP8 dtype (round to nearest
-even) and read back as fp8 * scale. One float32 scale per layer for K and one for V ([1] tensors on
-the cache's device, so kernels read them without a host sync: CUDA-graph safe). The scales are fixed
-before the first request: a cached block must read back the same values for every later request.
+even) and read back as fp8 * scale. Each layer has a float32 scale for K and one for V: either one
+number ([1], per tensor) or one per (KV head, channel) ([Hkv, D]), which broadcasts over the tokens of
+a [T, Hkv, D] tensor. The tensors live on the cache's device, so kernels read them without a host sync
+(CUDA-graph safe). The scales are fixed before the first request: a cached block must read back the
+same values for every later request.
+
+Per-channel scales cost nothing inside attention: score = sum_c q[c] * k_scale[h, c] * Kq[c], so the
+kernels multiply q by k_scale once per query instead of K per element, and out[c] = v_scale[h, c] *
+sum_t p_t * Vq_t[c] multiplies the output once.
 """
 from __future__ import annotations
 
@@ -28,15 +34,26 @@ def fp8_max(dtype: torch.dtype) -> float:
 
 
 def check_scales(cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> None:
-    """An FP8 cache needs both scales: float32 [1] tensors on the cache's device."""
+    """An FP8 cache [NB, BS, Hkv, D] needs both scales: float32 tensors on the cache's device, of one
+    element or of shape [Hkv, D]."""
     if not is_fp8(cache.dtype):
         return
+    per_channel = tuple(cache.shape[2:])
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if scale is None:
             raise ValueError(f"an FP8 KV cache ({cache.dtype}) needs {name}")
-        if scale.dtype != torch.float32 or scale.numel() != 1 or scale.device != cache.device:
-            raise ValueError(f"{name} must be a float32 tensor of one element on {cache.device}, got "
-                             f"{scale.dtype} {tuple(scale.shape)} on {scale.device}")
+        if (scale.dtype != torch.float32 or scale.device != cache.device
+                or (scale.numel() != 1 and tuple(scale.shape) != per_channel)):
+            raise ValueError(f"{name} must be a float32 tensor of one element or of shape {per_channel} on "
+                             f"{cache.device}, got {scale.dtype} {tuple(scale.shape)} on {scale.device}")
+
+
+def scale_strides(scale: Tensor) -> tuple[int, int]:
+    """Element strides (per KV head, per channel) of a checked scale, for kernels that read scale[h, c]
+    at h * stride_h + c * stride_c: (0, 0) for one number, so a per-tensor scale needs no expanded copy."""
+    if scale.numel() == 1:
+        return 0, 0
+    return scale.stride(0), scale.stride(1)
 
 
 def quantize(x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:

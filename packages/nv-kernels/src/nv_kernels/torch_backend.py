@@ -1,7 +1,8 @@
 """Reference backend in plain PyTorch: exact (fp32 math), runs on any device. Used on CPU.
 
 An FP8 cache is indexed through a uint8 view (CPU torch lacks some float8 indexing ops) and converted
-with nv_kernels.kv_quant: K and V are dequantized to fp32 (fp8 * scale) before the attention math."""
+with nv_kernels.kv_quant: K and V are dequantized to fp32 (fp8 * scale, the scale per tensor or per
+(KV head, channel) broadcast over the tokens) before the attention math."""
 from __future__ import annotations
 
 import torch

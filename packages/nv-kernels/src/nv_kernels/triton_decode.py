@@ -5,8 +5,12 @@ are the rows of one tile, so every KV byte is read once for all of them. Each sp
 cdiv(seq_len, NUM_SPLITS) tokens of its own sequence (read in-kernel), so the launch grid depends
 only on (B, Hkv, NUM_SPLITS): CUDA-graph safe. Stage 2 merges the splits by log-sum-exp.
 Ideas from SGLang / LightLLM two-stage decode and vLLM's triton_unified_attention (no code copied).
-An FP8 cache is converted to q's dtype in registers; k_scale folds into the q.k scale and v_scale
-multiplies the output (both read from device memory: CUDA-graph safe).
+An FP8 cache is dequantized in registers with no per-element scale: k_scale[h, :] (per channel, or one
+number) multiplies q once per program and v_scale[h, :] the output once (both read from device memory:
+CUDA-graph safe). With a 16-bit q the FP8 tiles convert to float16, which Hopper does in one instruction
+per pair (e4m3x2 -> f16x2; e5m2 -> f16 is a shift), and both dots run in float16 with float32
+accumulation: q after its norm times k_scale, and probabilities in [0, 1], fit float16. bfloat16 and
+float32 caches are read as before, in q's dtype.
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -21,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from nv_kernels.kv_quant import is_fp8
+from nv_kernels.kv_quant import is_fp8, scale_strides
 
 LOG2E = 1.4426950408889634
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
@@ -44,19 +48,29 @@ def _load_kv_tile(cache, table_row, n0, n, n_mask, kv_head, d, d_mask,
     return tl.load(base + offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
 
 
+@triton.jit
+def scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8: tl.constexpr,
+                 COMPUTE: tl.constexpr):
+    """q [M, D] of one KV head's query rows -> q * k_scale[kv_head, :] in COMPUTE (an FP8 cache: the
+    per-channel K scale folded into the query, so the key tiles need no multiply), else q as it is."""
+    if FP8:
+        k_scale = tl.load(K_SCALE + kv_head * stride_ksh + d * stride_ksd, mask=d_mask, other=0.0)  # [D]
+        return (q.to(tl.float32) * k_scale[None, :]).to(COMPUTE)
+    return q
+
+
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
 def _decode_split_kernel(
     Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, K_SCALE, V_SCALE, qk_scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb, stride_ob, stride_oh,
+    stride_ksh, stride_ksd, stride_vsh, stride_vsd,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if FP8:
-        qk_scale = qk_scale * tl.load(K_SCALE)
     seq_len = tl.load(SEQ_LENS + b)
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE) * TILE
     start = split * per_split
@@ -69,6 +83,7 @@ def _decode_split_kernel(
     d_mask = d < HEAD_DIM
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [GP, D]
+    q = scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8, COMPUTE)
     table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -81,20 +96,20 @@ def _decode_split_kernel(
                           stride_ch, BLOCK_SIZE, TILE)  # [TILE, D]
         v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
                           stride_ch, BLOCK_SIZE, TILE)
-        k, v = k.to(q.dtype), v.to(q.dtype)  # no-op unless the cache is FP8
+        k, v = k.to(COMPUTE), v.to(COMPUTE)  # no-op unless the cache is FP8
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TILE], log2 units
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), v, input_precision=PRECISION)
         m_i = m_new
 
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]  # [GP, D]; zero for an empty split or seq_len 0
     if FP8:
-        out = out * tl.load(V_SCALE)
+        out = out * tl.load(V_SCALE + kv_head * stride_vsh + d * stride_vsd, mask=d_mask, other=0.0)[None, :]
     out_mask = row_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
         tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
@@ -126,6 +141,17 @@ def _decode_merge_kernel(
     total = tl.sum(w, 0)
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(OUT + b * stride_ob + head * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def compute_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> tl.dtype:
+    """The dtype of the attention dots: float16 for an FP8 cache read by a 16-bit q (exact for every FP8
+    value; Hopper converts e4m3 pairs to f16 pairs directly), otherwise q's dtype (as the cache)."""
+    if is_fp8(cache_dtype) and q_dtype in (torch.float16, torch.bfloat16):
+        return tl.float16
+    by_torch_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+    if q_dtype not in by_torch_dtype:
+        raise ValueError(f"attention queries must be float16, bfloat16 or float32, got {q_dtype}")
+    return by_torch_dtype[q_dtype]
 
 
 @functools.lru_cache(maxsize=8)
@@ -168,7 +194,7 @@ def decode_attention(
     v_scale: Tensor | None = None,
 ) -> Tensor:
     """q [B, Hq, D], caches [NB, BS, Hkv, D] -> [B, Hq, D]. Keyword tunables are for benchmarks.
-    An FP8 cache needs k_scale / v_scale ([1] float32 on the device)."""
+    An FP8 cache needs k_scale / v_scale ([1] or [Hkv, D] float32 on the device)."""
     batch, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     out = _empty(q.shape, dtype=q.dtype, device=q.device)  # [B, Hq, D]
@@ -188,14 +214,17 @@ def decode_attention(
     fp8 = is_fp8(k_cache.dtype)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError(f"an FP8 KV cache ({k_cache.dtype}) needs k_scale and v_scale")
+    k_strides = scale_strides(k_scale) if k_scale is not None else (0, 0)
+    v_strides = scale_strides(v_scale) if v_scale is not None else (0, 0)
     _decode_split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
         seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
+        block_tables.stride(0), out.stride(0), out.stride(1), *k_strides, *v_strides,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
-        FP8=fp8, num_warps=num_warps or 4, num_stages=num_stages or (4 if tile > block_size >= 32 else 2),
+        FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), num_warps=num_warps or 4,
+        num_stages=num_stages or (4 if tile > block_size >= 32 else 2),
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, hq)](

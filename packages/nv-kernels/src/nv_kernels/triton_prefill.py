@@ -4,7 +4,8 @@ One program per (sequence, query tile, KV head). Tile rows are (query token, que
 head's group) pairs, so each KV tile is read once for the whole GQA group (as in vLLM's
 triton_unified_attention; no code copied). Key tiles entirely after the tile's last query are never
 visited; tiles entirely before its first query skip the causal mask. An FP8 cache is read as in
-triton_decode (k_scale folded into the q.k scale, v_scale applied to the output).
+triton_decode (k_scale[h, :] folded into q, v_scale[h, :] applied to the output, float16 dots for a
+16-bit q).
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -18,15 +19,15 @@ import triton.language as tl
 from torch import Tensor
 
 from nv_kernels import triton_decode
-from nv_kernels.kv_quant import is_fp8
-from nv_kernels.triton_decode import LOG2E, _load_kv_tile
+from nv_kernels.kv_quant import is_fp8, scale_strides
+from nv_kernels.triton_decode import LOG2E, _load_kv_tile, compute_dtype, scaled_query
 
 
 @triton.jit
 def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, d, d_mask,
                  stride_cb, stride_cs, stride_ch, qk_scale,
                  BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
     """One online-softmax step over keys n0 .. n0+TILE_N-1."""
     n = n0 + tl.arange(0, TILE_N)
     n_mask = n < kv_end
@@ -34,7 +35,7 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
                       stride_ch, BLOCK_SIZE, TILE_N)  # [TILE_N, D]
     v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
                       stride_ch, BLOCK_SIZE, TILE_N)
-    k, v = k.to(q.dtype), v.to(q.dtype)  # no-op unless the cache is FP8
+    k, v = k.to(COMPUTE), v.to(COMPUTE)  # no-op unless the cache is FP8
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, TILE_N] log2 units
     if CAUSAL:
         s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
@@ -43,7 +44,7 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
@@ -51,9 +52,10 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
 def _prefill_kernel(
     Q, K, V, OUT, CU_SEQLENS_Q, SEQ_LENS, BLOCK_TABLES, K_SCALE, V_SCALE, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+    stride_ksh, stride_ksd, stride_vsh, stride_vsd,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     b = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -64,8 +66,6 @@ def _prefill_kernel(
     if tok0 >= q_len:
         return
     ctx_start = tl.load(SEQ_LENS + b) - q_len  # position of this sequence's first query
-    if FP8:
-        qk_scale = qk_scale * tl.load(K_SCALE)
 
     m = tl.arange(0, BLOCK_M)
     tok = tok0 + m // GROUP  # [M] query token within the sequence
@@ -76,6 +76,7 @@ def _prefill_kernel(
     rows = (q_start + tok).to(tl.int64)
     q = tl.load(Q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [M, D]
+    q = scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8, COMPUTE)
     q_pos = ctx_start + tok  # [M]
     table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
 
@@ -87,14 +88,14 @@ def _prefill_kernel(
     for n0 in range(0, full_end, TILE_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head,
                                      d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, TILE_N, False, PRECISION)
+                                     BLOCK_SIZE, TILE_N, False, PRECISION, COMPUTE)
     for n0 in range(full_end, kv_end, TILE_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head,
                                      d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, TILE_N, True, PRECISION)
+                                     BLOCK_SIZE, TILE_N, True, PRECISION, COMPUTE)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if FP8:
-        out = out * tl.load(V_SCALE)
+        out = out * tl.load(V_SCALE + kv_head * stride_vsh + d * stride_vsd, mask=d_mask, other=0.0)[None, :]
     tl.store(OUT + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
              out.to(OUT.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
@@ -106,7 +107,7 @@ def prefill_attention(
     k_scale: Tensor | None = None, v_scale: Tensor | None = None,
 ) -> Tensor:
     """q [T, Hq, D], caches [NB, BS, Hkv, D] -> [T, Hq, D]. Keyword tunables are for benchmarks.
-    An FP8 cache needs k_scale / v_scale ([1] float32 on the device)."""
+    An FP8 cache needs k_scale / v_scale ([1] or [Hkv, D] float32 on the device)."""
     total, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     out = triton_decode._empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
@@ -123,14 +124,17 @@ def prefill_attention(
     fp8 = is_fp8(k_cache.dtype)
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError(f"an FP8 KV cache ({k_cache.dtype}) needs k_scale and v_scale")
+    k_strides = scale_strides(k_scale) if k_scale is not None else (0, 0)
+    v_strides = scale_strides(v_scale) if v_scale is not None else (0, 0)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
         seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), *k_strides, *v_strides,
         GROUP=group, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
+        COMPUTE=compute_dtype(q.dtype, k_cache.dtype),
         num_warps=num_warps or (8 if on_gpu and head_dim > 64 else 4), num_stages=num_stages or 3,
     )
     return out

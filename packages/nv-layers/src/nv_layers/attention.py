@@ -3,9 +3,10 @@
 It reads everything per step from the forward context (slot mapping, block tables, lengths, backend);
 the runner assigns `k_cache` / `v_cache` ([NB, BS, Hkv, D] each) after allocating the KV cache.
 
-An FP8 cache (nv_kernels.kv_quant) is read and written with this layer's per-tensor `k_scale` / `v_scale`
-([1] float32 buffers on the device): the checkpoint's (load_kv_scale), or set by the runner from a
-calibration run (start_kv_calibration / the amax this layer records) before the cache is allocated.
+An FP8 cache (nv_kernels.kv_quant) is read and written with this layer's `k_scale` / `v_scale`
+([Hkv, D] float32 buffers on the device, one per KV head and channel): the checkpoint's per-tensor
+scale broadcast (load_kv_scale), or set by the runner from a calibration run (start_kv_calibration /
+the per-channel amax this layer records) before the cache is allocated.
 """
 from __future__ import annotations
 
@@ -28,16 +29,16 @@ class Attention(nn.Module):
         self.scale = scale
         self.k_cache = torch.empty(0)   # [NB, BS, Hkv, D] once the runner assigns it
         self.v_cache = torch.empty(0)
-        self.k_scale: torch.Tensor      # [1] float32: an FP8 cache holds K / k_scale
+        self.k_scale: torch.Tensor      # [Hkv, D] float32: an FP8 cache holds K / k_scale
         self.v_scale: torch.Tensor
-        self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32), persistent=False)
-        self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32), persistent=False)
+        self.register_buffer("k_scale", torch.ones(num_kv_heads, head_dim, dtype=torch.float32), persistent=False)
+        self.register_buffer("v_scale", torch.ones(num_kv_heads, head_dim, dtype=torch.float32), persistent=False)
         self.kv_scales_loaded: set[str] = set()        # "k" / "v": scales the checkpoint gave
-        self.kv_amax: torch.Tensor | None = None       # [2] max |K|, |V| seen while calibrating
+        self.kv_amax: torch.Tensor | None = None       # [2, Hkv, D] max |K|, |V| seen while calibrating
 
     # ---- FP8 scales ---------------------------------------------------------------------------
     def load_kv_scale(self, which: str, value: torch.Tensor) -> None:
-        """A checkpoint's k_scale / v_scale ("k" or "v"; one element) for an FP8 cache."""
+        """A checkpoint's k_scale / v_scale ("k" or "v"; one element, per tensor) for an FP8 cache."""
         if which not in ("k", "v") or value.numel() != 1:
             raise ValueError(f"a KV-cache scale is one number for 'k' or 'v', got {which!r} of shape "
                              f"{tuple(value.shape)}")
@@ -48,8 +49,9 @@ class Attention(nn.Module):
         self.kv_scales_loaded.add(which)
 
     def start_kv_calibration(self) -> None:
-        """Record max |K| and |V| of every forward from now on (kv_amax)."""
-        self.kv_amax = torch.zeros(2, dtype=torch.float32, device=self.k_scale.device)
+        """Record max |K| and |V| per KV head and channel of every forward from now on (kv_amax)."""
+        self.kv_amax = torch.zeros(2, self.num_kv_heads, self.head_dim, dtype=torch.float32,
+                                   device=self.k_scale.device)
 
     def kv_scale_kwargs(self) -> dict[str, torch.Tensor]:
         """{"k_scale", "v_scale"} when the cache is FP8 (the backends' and fused store's keywords), else {}."""
@@ -65,8 +67,8 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.kv_amax is not None:
-            seen = torch.stack([k.detach().abs().amax(), v.detach().abs().amax()]).float()   # [2]
+        if self.kv_amax is not None and num_tokens:
+            seen = torch.stack([k.detach().abs().amax(0), v.detach().abs().amax(0)]).float()   # [2, Hkv, D]
             self.kv_amax = torch.maximum(self.kv_amax, seen)
         if self.k_cache.numel() == 0:
             out = self._attend_without_cache(q, k, v, ctx)

@@ -243,8 +243,8 @@ class ModelRunner:
         if is_fp8(config.kv_dtype):
             layers = cast(list[Attention], self.attention_layers)
             origin = KVScaleSetter(config, self.device, self.backend).apply(layers, self.model)
-            k = torch.cat([layer.k_scale for layer in layers]).tolist()
-            v = torch.cat([layer.v_scale for layer in layers]).tolist()
+            k = torch.cat([layer.k_scale.flatten() for layer in layers]).tolist()
+            v = torch.cat([layer.v_scale.flatten() for layer in layers]).tolist()
             scales = (f", K/V scales {origin} (k {min(k):.3g}..{max(k):.3g}, "
                       f"v {min(v):.3g}..{max(v):.3g})")
         self.num_blocks = num_blocks
