@@ -55,7 +55,7 @@ def scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8: tl
     per-channel K scale folded into the query, so the key tiles need no multiply), else q as it is."""
     if FP8:
         k_scale = tl.load(K_SCALE + kv_head * stride_ksh + d * stride_ksd, mask=d_mask, other=0.0)  # [D]
-        return (q.to(tl.float32) * k_scale[None, :]).to(COMPUTE)
+        q = (q.to(tl.float32) * k_scale[None, :]).to(COMPUTE)   # one return: its type must not vary
     return q
 
 
