@@ -129,10 +129,13 @@ class AsyncLLM:
         finally:
             stream.abort()             # closed early (break, cancellation): abort in the core
 
-    async def add_requests(self, requests: Sequence[tuple[str, Prompt, SamplingParams | None]]) -> OutputStream:
+    async def add_requests(self, requests: Sequence[tuple[str, Prompt, SamplingParams | None]], *,
+                           stream: bool = True) -> OutputStream:
         """Queue several requests whose outputs share one stream (the n prompts of a completion
         call). ValueError / TypeError (nothing queued) for a bad prompt, parameters or a request id
-        in use."""
+        in use. stream=False: the caller wants only the finished outputs, so the core reports each
+        request once, when it finishes (unless logprobs or stop strings need every token), and its
+        text is decoded once (so the stream's time-to-first-token statistics see the finish)."""
         self._check_running()
         loop = asyncio.get_running_loop()
         long_text = any(isinstance(p, str) and len(p) > _TOKENIZE_INLINE_CHARS for _, p, _ in requests)
@@ -149,9 +152,9 @@ class AsyncLLM:
                 if request_id in self._routes:
                     raise ValueError(f"request id {request_id!r} is already in use")
             for (request_id, _, _), (text, ids, params) in zip(requests, prepared, strict=True):
-                self.output_processor.add_request(request_id, text, ids, params)
+                self.output_processor.add_request(request_id, text, ids, params, stream=stream)
                 self._routes[request_id] = _Route(queue, loop, now)
-                reports = params.needs_every_token(stream=True, detokenizes=self.tokenizer is not None)
+                reports = params.needs_every_token(stream=stream, detokenizes=self.tokenizer is not None)
                 core_requests.append(EngineCoreRequest(request_id, ids, params, reports, now))
         try:
             self.client.add_requests(core_requests)
@@ -231,7 +234,9 @@ class AsyncLLM:
                 self.client.finish_requests(processed.to_finish)
             except EngineDeadError:
                 pass
+        delivering = time.perf_counter()
         self._deliver(deliveries)
+        self.client.timer.add("deliver", time.perf_counter() - delivering)
         if failed:
             self._forget_stats(failed)
         self.record_stats(core_outputs, processed.request_outputs, arrivals)

@@ -36,6 +36,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     ChatParsingOptions.add_cli_arguments(p)
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--enable-uvicorn-access-log", action="store_true",
+                   help="log every HTTP request (uvicorn's access log; off by default: at high request "
+                        "rates it costs the event loop time)")
     EngineArgs.add_cli_arguments(p)
 
 
@@ -133,7 +136,8 @@ def run_server(args: argparse.Namespace) -> int:
     from nv_engine.entrypoints.server.draining_server import DrainingServer
 
     try:
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                access_log=args.enable_uvicorn_access_log)
         try:
             DrainingServer(config, app.state.nv, exit_when_engine_dies=True).run()
         except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it drained on

@@ -1,0 +1,84 @@
+"""The frontend's cost per engine-core step, on the CPU: AsyncLLM with a tiny random Qwen3 core (a
+step takes a few ms, so the core sends outputs at a high rate) serving N concurrent requests, each
+read by its own asyncio task as a server handler would.
+
+It reports the receiver thread's milliseconds per core OUTPUTS message (EngineCoreClient.timer):
+`decode` (frame -> EngineCoreOutputs), `handle` (output processing: detokenizing, stop strings,
+RequestOutputs, and `deliver`: the hand-over to the asyncio queues), plus the run's output tokens
+per second and the consumers' wake-ups. With --non-streamed the requests are added with
+stream=False (the core reports each once, when it finishes). With NV_LOGGING_LEVEL=DEBUG the core
+process logs its own loop's split (step / device wait / outputs / inputs / idle).
+
+    python scripts/bench_frontend.py [--requests 256] [--max-tokens 128] [--non-streamed] [--model DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import time
+
+from nv_engine.async_llm import AsyncLLM
+from nv_engine.checkpoints.random_model import cached_random_model
+from nv_engine.sampling_params import SamplingParams
+
+
+async def run_requests(llm: AsyncLLM, num_requests: int, prompt_len: int, max_tokens: int,
+                       stream: bool) -> tuple[int, int]:
+    """(output tokens, consumer wake-ups) of num_requests concurrent requests."""
+    vocab = int(llm.config.hf_config.vocab_size) - 16
+
+    async def one(i: int) -> tuple[int, int]:
+        prompt = [(i * 7 + j * 13) % vocab + 1 for j in range(prompt_len)]
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        outputs = await llm.add_requests([(f"bench-{i}", {"prompt_token_ids": prompt}, params)], stream=stream)
+        wakeups, tokens = 0, 0
+        async for batch in outputs:
+            wakeups += 1
+            tokens = len(batch[-1].outputs[0].token_ids)
+        return tokens, wakeups
+
+    results = await asyncio.gather(*(one(i) for i in range(num_requests)))
+    return sum(t for t, _ in results), sum(w for _, w in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a checkpoint dir (default: a tiny random Qwen3)")
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--non-streamed", action="store_true", help="add requests with stream=False")
+    parser.add_argument("--rounds", type=int, default=2, help="the first round warms up")
+    args = parser.parse_args()
+    model = args.model or str(cached_random_model("tiny")[0])
+    max_model_len = args.prompt_len + args.max_tokens + 16
+    blocks = args.requests * math.ceil(max_model_len / 16) + 16
+    llm = AsyncLLM(model, device="cpu", dtype="float32", max_model_len=max_model_len, max_num_seqs=args.requests,
+                   max_num_batched_tokens=max(2048, args.requests * args.prompt_len),
+                   num_gpu_blocks_override=blocks, block_size=16)
+    timer = llm.client.timer
+    timer.interval_s = math.inf               # sums over the whole round; read below
+    try:
+        for round_index in range(args.rounds):
+            timer.report()
+            started = time.perf_counter()
+            tokens, wakeups = asyncio.run(run_requests(llm, args.requests, args.prompt_len, args.max_tokens,
+                                                       stream=not args.non_streamed))
+            elapsed = time.perf_counter() - started
+            messages = timer.rounds
+            per_message = timer.per_round_ms()
+            label = "warm-up" if round_index == 0 and args.rounds > 1 else f"round {round_index}"
+            print(f"{label}: {args.requests} requests x {args.max_tokens} tokens "
+                  f"({'non-streamed' if args.non_streamed else 'streamed'}): {tokens / elapsed:,.0f} out tok/s, "
+                  f"{messages} core messages, {wakeups} consumer wake-ups, {elapsed:.2f} s")
+            busy_s = (per_message["decode"] + per_message["handle"]) * messages / 1e3
+            print(f"    frontend ms per message: decode {per_message['decode']:.3f}, "
+                  f"handle {per_message['handle']:.3f} (deliver {per_message['deliver']:.3f}); "
+                  f"receiver busy {100 * busy_s / elapsed:.0f}% of the run")
+    finally:
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
