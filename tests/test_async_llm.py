@@ -70,6 +70,25 @@ def test_concurrent_generators_match_the_offline_llm(llm, tiny_qwen3_dir):
     assert all(o.outputs[0].finish_reason == "length" for o in outs)
 
 
+def test_a_non_streamed_request_gets_only_its_finished_output(llm):
+    """stream=False: the core reports the request once, when it finishes; same tokens and text."""
+    prompt = _prompts(3)[2]
+
+    async def run():
+        streamed = await _last(llm, prompt, GREEDY, "streamed")
+        stream = await llm.add_requests([("final-only", prompt, GREEDY)], stream=False)
+        waits = [outputs async for outputs in stream]
+        await _wait_idle(llm)
+        return streamed, waits
+
+    streamed, waits = asyncio.run(run())
+    assert len(waits) == 1 and len(waits[0]) == 1
+    final = waits[0][0]
+    assert final.finished and final.outputs[0].finish_reason == "length"
+    assert final.outputs[0].token_ids == streamed.outputs[0].token_ids
+    assert final.outputs[0].text == streamed.outputs[0].text
+
+
 def test_stop_string_ends_the_request_in_the_core(llm):
     async def run():
         free_text = (await _last(llm, [5, 6, 7], GREEDY, "free")).outputs[0].text

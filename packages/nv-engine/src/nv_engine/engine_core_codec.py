@@ -32,7 +32,7 @@ class CoreMessageCodec:
             return frame
         return bytes((kind,)) + pickle.dumps(payload, protocol=5)
 
-    def decode(self, frame: bytes | memoryview) -> tuple[CoreMessage, object]:
+    def decode(self, frame: bytes | bytearray | memoryview) -> tuple[CoreMessage, object]:
         """(kind, payload); ValueError for a frame of no known kind."""
         view = memoryview(frame)
         if not view.nbytes:

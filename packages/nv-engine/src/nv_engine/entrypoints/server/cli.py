@@ -121,7 +121,7 @@ def run_server(args: argparse.Namespace) -> int:
     try:   # before the (slow) engine start
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:   # the serve extra is missing
         raise SystemExit(f"nv serve needs FastAPI, uvicorn and prometheus_client: "
                          f"pip install 'nv-engine[serve]' ({exc})") from exc
@@ -136,8 +136,7 @@ def run_server(args: argparse.Namespace) -> int:
     from nv_engine.entrypoints.server.draining_server import DrainingServer
 
     try:
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                access_log=args.enable_uvicorn_access_log)
+        config = uvicorn_config(app, args)
         try:
             DrainingServer(config, app.state.nv, exit_when_engine_dies=True).run()
         except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it drained on
@@ -148,6 +147,14 @@ def run_server(args: argparse.Namespace) -> int:
         logger.error("the engine core died: nv serve exits with status 1")
         return 1
     return 0
+
+
+def uvicorn_config(app: Any, args: argparse.Namespace) -> Any:
+    """uvicorn.Config for `nv serve`: the access log only with --enable-uvicorn-access-log."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                          access_log=args.enable_uvicorn_access_log)
 
 
 def main(argv: list[str] | None = None) -> int:
