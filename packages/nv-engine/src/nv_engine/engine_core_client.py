@@ -70,9 +70,11 @@ class EngineCoreClient:
             target=EngineCoreProcess.main, name="nv-engine-core",
             args=(config, sorted(eos_token_ids), f"ipc://{self._dir}/input", f"ipc://{self._dir}/output",
                   logging.getLogger("nv_engine").getEffectiveLevel()))
+        spawned = time.perf_counter()
         try:
             self.process.start()
             self.ready = self._wait_ready()
+            logger.info("engine core ready %.1f s after its spawn", time.perf_counter() - spawned)
         except BaseException:
             self._stop_process(timeout=5.0)
             self._close_sockets()

@@ -83,6 +83,7 @@ class EngineCoreProcess:
         outputs.connect(output_address)
         try:
             logger.info("engine core starting (pid %d)", os.getpid())
+            building = time.perf_counter()
             try:
                 core = EngineCore(config, eos_token_ids, record_timestamps=True)
             except BaseException as exc:
@@ -94,7 +95,9 @@ class EngineCoreProcess:
             outputs.send(codec.encode(CoreMessage.READY, {
                 "num_blocks": core.num_blocks, "max_model_len": config.max_model_len,
                 "block_size": config.block_size, "pid": os.getpid()}))
-            logger.info("engine core ready: %d KV blocks of %d tokens", core.num_blocks, config.block_size)
+            logger.info("engine core ready: %d KV blocks of %d tokens; EngineCore built in %.1f s (model load, KV "
+                        "cache, CUDA graphs, warm-up)", core.num_blocks, config.block_size,
+                        time.perf_counter() - building)
             try:
                 proc.run()
             except BaseException as exc:

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import threading
 from typing import Any
 
 from nv_engine.engine_args import EngineArgs
@@ -130,7 +131,12 @@ def run_server(args: argparse.Namespace) -> int:
     server_limits(args)   # a bad limit fails before the (slow) engine start
     chat_parsing_options(args)   # a bad tool-call / reasoning parser flag fails before the engine starts
     configure_logging()   # nv's INFO lines (engine setup, stats) on stderr; NV_LOGGING_LEVEL sets the level
+    # The HTTP side's imports (FastAPI, routes, protocol models) run while the engine core starts:
+    # the frontend mostly waits for the core then, with the GIL released.
+    server_imports = threading.Thread(target=import_server_modules, name="nv-server-imports", daemon=True)
+    server_imports.start()
     engine = create_async_llm(args.model, **engine_kwargs(args))
+    server_imports.join()
     app = build_app_for_engine(engine, args)
     logger.info("serving %s on http://%s:%d", args.served_model_name or args.model, args.host, args.port)
     from nv_engine.entrypoints.server.draining_server import DrainingServer
@@ -147,6 +153,15 @@ def run_server(args: argparse.Namespace) -> int:
         logger.error("the engine core died: nv serve exits with status 1")
         return 1
     return 0
+
+
+def import_server_modules() -> None:
+    """Import what serving needs beyond the engine (a failure shows again at the real import)."""
+    try:
+        import nv_engine.entrypoints.server.app  # noqa: F401
+        import nv_engine.entrypoints.server.draining_server  # noqa: F401
+    except ImportError:
+        pass
 
 
 def uvicorn_config(app: Any, args: argparse.Namespace) -> Any:
