@@ -70,8 +70,8 @@ def test_concurrent_generators_match_the_offline_llm(llm, tiny_qwen3_dir):
     assert all(o.outputs[0].finish_reason == "length" for o in outs)
 
 
-def test_a_non_streamed_request_gets_only_its_finished_output(llm):
-    """stream=False: the core reports the request once, when it finishes; same tokens and text."""
+def test_a_non_streamed_request_decodes_its_text_once_at_the_end(llm):
+    """stream=False: the text is decoded once, at the end (same tokens and text as streamed)."""
     prompt = _prompts(3)[2]
 
     async def run():
@@ -82,8 +82,9 @@ def test_a_non_streamed_request_gets_only_its_finished_output(llm):
         return streamed, waits
 
     streamed, waits = asyncio.run(run())
-    assert len(waits) == 1 and len(waits[0]) == 1
-    final = waits[0][0]
+    outputs = [output for wait in waits for output in wait]
+    final = outputs[-1]
+    assert all(output.outputs[0].text == "" and not output.finished for output in outputs[:-1])
     assert final.finished and final.outputs[0].finish_reason == "length"
     assert final.outputs[0].token_ids == streamed.outputs[0].token_ids
     assert final.outputs[0].text == streamed.outputs[0].text

@@ -133,9 +133,9 @@ class AsyncLLM:
                            stream: bool = True) -> OutputStream:
         """Queue several requests whose outputs share one stream (the n prompts of a completion
         call). ValueError / TypeError (nothing queued) for a bad prompt, parameters or a request id
-        in use. stream=False: the caller wants only the finished outputs, so the core reports each
-        request once, when it finishes (unless logprobs or stop strings need every token), and its
-        text is decoded once (so the stream's time-to-first-token statistics see the finish)."""
+        in use. stream=False: the caller reads only the finished outputs, so the text is decoded once,
+        at the end (the outputs before carry token ids and an empty text). The core still reports
+        every token, which the per-token statistics (time to first token, inter-token latency) need."""
         self._check_running()
         loop = asyncio.get_running_loop()
         long_text = any(isinstance(p, str) and len(p) > _TOKENIZE_INLINE_CHARS for _, p, _ in requests)
@@ -154,7 +154,7 @@ class AsyncLLM:
             for (request_id, _, _), (text, ids, params) in zip(requests, prepared, strict=True):
                 self.output_processor.add_request(request_id, text, ids, params, stream=stream)
                 self._routes[request_id] = _Route(queue, loop, now)
-                reports = params.needs_every_token(stream=stream, detokenizes=self.tokenizer is not None)
+                reports = params.needs_every_token(stream=True, detokenizes=self.tokenizer is not None)
                 core_requests.append(EngineCoreRequest(request_id, ids, params, reports, now))
         try:
             self.client.add_requests(core_requests)

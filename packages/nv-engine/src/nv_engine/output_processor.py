@@ -37,7 +37,6 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.stream_outputs = stream_outputs
         self.requests: dict[str, RequestState] = {}
-        self.final_only: set[str] = set()     # unfinished requests added with stream=False
 
     def needs_every_token(self, params: SamplingParams) -> bool:
         """Whether a request with these parameters needs an update after every step (else only the
@@ -47,8 +46,8 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, *, stream: bool = True) -> None:
         """stream=False (only when stream_outputs): this request's caller reads only its finished
-        output, so `process` returns it only when finished and its text is decoded once at the end,
-        as without stream_outputs."""
+        output, so its text is decoded once at the end, as without stream_outputs (its outputs
+        before that carry token ids and an empty text)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         streams_text = self.stream_outputs and stream
@@ -63,14 +62,11 @@ class OutputProcessor:
                 logprobs=[] if params.logprobs is not None else None)
             for index in range(params.n)]
         self.requests[request_id] = RequestState(request_id, prompt, prompt_token_ids, params, completions)
-        if self.stream_outputs and not stream:
-            self.final_only.add(request_id)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Forget these requests (unknown ids are ignored); later updates for them are dropped."""
         for request_id in request_ids:
             self.requests.pop(request_id, None)
-            self.final_only.discard(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -122,12 +118,10 @@ class OutputProcessor:
                     completion.stop_reason = update.stop_token_id
             touched[request_id] = state
         outputs = []
-        final_only = self.final_only
         for state in touched.values():
             finished = state.finished
             if finished:
                 del requests[state.request_id]
-                final_only.discard(state.request_id)
-            if finished or (self.stream_outputs and state.request_id not in final_only):
+            if finished or self.stream_outputs:
                 outputs.append(state.to_output(tokenizer))
         return ProcessedOutputs(outputs, to_finish)
