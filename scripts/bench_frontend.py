@@ -8,7 +8,7 @@ It reports the receiver thread's milliseconds per core OUTPUTS message (EngineCo
 `decode` (frame -> EngineCoreOutputs), `handle` (output processing: detokenizing, stop strings,
 RequestOutputs, and `deliver`: the hand-over to the asyncio queues), plus the run's output tokens
 per second and the consumers' wake-ups. With --non-streamed the requests are added with
-stream=False (the core reports each once, when it finishes). With NV_LOGGING_LEVEL=DEBUG the core
+stream=False (their text is decoded once, at the end). With NV_LOGGING_LEVEL=DEBUG the core
 process logs its own loop's split (step / device wait / outputs / inputs / idle).
 
     python scripts/bench_frontend.py [--requests 256] [--max-tokens 128] [--non-streamed] [--fake-core]
