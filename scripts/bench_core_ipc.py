@@ -1,6 +1,7 @@
 """The per-step cost of the engine-core IPC on the CPU: encode + send + receive + decode of one
 step's EngineCoreOutputs (256 running sequences, one new token each) over a ZMQ ipc:// PUSH/PULL
-pair, for pickle protocol 5 and msgspec (msgpack). Prints CPU microseconds per step (both ends run in this process).
+pair, for pickle protocol 5 and the engine's CoreMessageCodec (typed msgspec msgpack, what the core sends).
+Prints CPU microseconds per step (both ends run in this process).
 
     python scripts/bench_core_ipc.py [--sequences 256] [--steps 2000]
 """
@@ -12,17 +13,20 @@ import shutil
 import tempfile
 import time
 
-import msgspec
 import zmq
 
+from nv_engine.engine_core_codec import CoreMessageCodec
+from nv_engine.engine_core_message import CoreMessage
 from nv_engine.engine_core_output import SequenceUpdate
 from nv_engine.engine_core_outputs import EngineCoreOutputs
+from nv_kvcache import SchedulerStats
 
 
 def step_outputs(num_sequences: int, step: int) -> EngineCoreOutputs:
     updates = [SequenceUpdate(f"cmpl-{i:08x}-0", 0, [(step * 31 + i) % 151936], None, 0.0, None, None, 0)
                for i in range(num_sequences)]
-    return EngineCoreOutputs(updates, time.monotonic())
+    return EngineCoreOutputs(updates, time.monotonic(), scheduler_stats=SchedulerStats(num_sequences, 0, 0.5, 0, 0, 0),
+                             tokens=(0, num_sequences))
 
 
 def measure(name: str, encode, decode, num_sequences: int, steps: int) -> float:
@@ -60,19 +64,17 @@ def main() -> None:
     def pickle_encode(outputs: EngineCoreOutputs) -> bytes:
         return pickle.dumps(outputs, protocol=5)
 
-    encoder = msgspec.msgpack.Encoder()
-    decoder = msgspec.msgpack.Decoder()
+    sender, receiver = CoreMessageCodec(), CoreMessageCodec()
 
-    def msgspec_encode(outputs: EngineCoreOutputs) -> bytes:
-        # msgspec has no NamedTuple-with-enum fast path for these dataclasses: plain tuples
-        return encoder.encode((outputs.timestamp, [tuple(u) for u in outputs.updates]))
+    def codec_encode(outputs: EngineCoreOutputs) -> bytes | bytearray:
+        return sender.encode(CoreMessage.OUTPUTS, outputs)
 
-    def msgspec_decode(data: memoryview) -> EngineCoreOutputs:
-        timestamp, rows = decoder.decode(data)
-        return EngineCoreOutputs([SequenceUpdate(*row) for row in rows], timestamp)
+    def codec_decode(data: memoryview) -> EngineCoreOutputs:
+        _, outputs = receiver.decode(data)
+        return outputs    # type: ignore[return-value]  # OUTPUTS decode to EngineCoreOutputs
 
     measure("pickle-5", pickle_encode, pickle.loads, args.sequences, args.steps)
-    measure("msgspec", msgspec_encode, msgspec_decode, args.sequences, args.steps)
+    measure("codec", codec_encode, codec_decode, args.sequences, args.steps)
 
 
 if __name__ == "__main__":

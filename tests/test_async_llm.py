@@ -70,6 +70,26 @@ def test_concurrent_generators_match_the_offline_llm(llm, tiny_qwen3_dir):
     assert all(o.outputs[0].finish_reason == "length" for o in outs)
 
 
+def test_a_non_streamed_request_decodes_its_text_once_at_the_end(llm):
+    """stream=False: the text is decoded once, at the end (same tokens and text as streamed)."""
+    prompt = _prompts(3)[2]
+
+    async def run():
+        streamed = await _last(llm, prompt, GREEDY, "streamed")
+        stream = await llm.add_requests([("final-only", prompt, GREEDY)], stream=False)
+        waits = [outputs async for outputs in stream]
+        await _wait_idle(llm)
+        return streamed, waits
+
+    streamed, waits = asyncio.run(run())
+    outputs = [output for wait in waits for output in wait]
+    final = outputs[-1]
+    assert all(output.outputs[0].text == "" and not output.finished for output in outputs[:-1])
+    assert final.finished and final.outputs[0].finish_reason == "length"
+    assert final.outputs[0].token_ids == streamed.outputs[0].token_ids
+    assert final.outputs[0].text == streamed.outputs[0].text
+
+
 def test_stop_string_ends_the_request_in_the_core(llm):
     async def run():
         free_text = (await _last(llm, [5, 6, 7], GREEDY, "free")).outputs[0].text

@@ -148,10 +148,13 @@ class AsyncLLM:
         finally:
             stream.abort()             # closed early (break, cancellation): abort in the core
 
-    async def add_requests(self, requests: Sequence[tuple[str, Prompt, SamplingParams | None]]) -> OutputStream:
+    async def add_requests(self, requests: Sequence[tuple[str, Prompt, SamplingParams | None]], *,
+                           stream: bool = True) -> OutputStream:
         """Queue several requests whose outputs share one stream (the n prompts of a completion
         call). ValueError / TypeError (nothing queued) for a bad prompt, parameters or a request id
-        in use."""
+        in use. stream=False: the caller reads only the finished outputs, so the text is decoded once,
+        at the end (the outputs before carry token ids and an empty text). The core still reports
+        every token, which the per-token statistics (time to first token, inter-token latency) need."""
         self._check_running()
         loop = asyncio.get_running_loop()
         long_text = any(isinstance(p, str) and len(p) > _TOKENIZE_INLINE_CHARS for _, p, _ in requests)
@@ -168,7 +171,7 @@ class AsyncLLM:
                 if request_id in self._routes:
                     raise ValueError(f"request id {request_id!r} is already in use")
             for (request_id, _, _), (text, ids, params) in zip(requests, prepared, strict=True):
-                self.output_processor.add_request(request_id, text, ids, params)
+                self.output_processor.add_request(request_id, text, ids, params, stream=stream)
                 self._routes[request_id] = _Route(queue, loop, now)
                 reports = params.needs_every_token(stream=True, detokenizes=self.tokenizer is not None)
                 core_requests.append(EngineCoreRequest(request_id, ids, params, reports, now))
@@ -252,7 +255,9 @@ class AsyncLLM:
                 self.client.finish_requests(processed.to_finish)
             except EngineDeadError:
                 pass
+        delivering = time.perf_counter()
         self._deliver(deliveries)
+        self.client.timer.add("deliver", time.perf_counter() - delivering)
         if failed:
             self._forget_stats(failed)
         self.record_stats(core_outputs, processed.request_outputs, arrivals)

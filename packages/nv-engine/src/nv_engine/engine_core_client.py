@@ -6,6 +6,10 @@ to start raises RuntimeError here with the core's message. A receiver thread the
 message the core sends and hands the step outputs to `on_outputs`; it polls the process sentinel
 together with the socket, so a dead core is noticed at once (`on_dead` is called with the reason).
 Sends are thread-safe (one lock around the PUSH socket).
+
+The receiver's time per OUTPUTS message is summed by `timer` (a StageTimer, logged at DEBUG every
+10 s): `decode` (the frame to EngineCoreOutputs) and `handle` (the `on_outputs` callback: AsyncLLM's
+output processing, with `deliver`, the hand-over to the asyncio queues, which AsyncLLM adds).
 """
 from __future__ import annotations
 
@@ -16,21 +20,23 @@ import itertools
 import logging
 import multiprocessing
 import os
-import pickle
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import zmq
 
 from nv_engine.config import EngineConfig
+from nv_engine.engine_core_codec import CoreMessageCodec
 from nv_engine.engine_core_message import CoreMessage
 from nv_engine.engine_core_outputs import EngineCoreOutputs
 from nv_engine.engine_core_process import EngineCoreProcess
 from nv_engine.engine_core_request import EngineCoreRequest
 from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.stage_timer import StageTimer
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,10 @@ class EngineCoreClient:
         CUDA_VISIBLE_DEVICES); the spawned process copies the environment as it starts."""
         self._on_outputs = on_outputs
         self._on_dead = on_dead
+        self._send_codec = CoreMessageCodec()      # used under _send_lock
+        self._receive_codec = CoreMessageCodec()   # used by the receiver thread (and before it starts)
+        self.timer = StageTimer("engine core outputs", "message", ("decode", "handle", "deliver"), logger,
+                                notes={"handle": "deliver"})
         self._dir = tempfile.mkdtemp(prefix="nv-core-")
         self._context = zmq.Context()
         self._input = self._context.socket(zmq.PUSH)
@@ -67,11 +77,13 @@ class EngineCoreClient:
         self.process = spawn.Process(
             target=EngineCoreProcess.main, name="nv-engine-core",
             args=(config, sorted(eos_token_ids), f"ipc://{self._dir}/input", f"ipc://{self._dir}/output",
-                  logging.getLogger().getEffectiveLevel()))
+                  logging.getLogger("nv_engine").getEffectiveLevel()))
+        spawned = time.perf_counter()
         try:
             with self._child_environment(env):
                 self.process.start()
             self.ready = self._wait_ready()
+            logger.info("engine core ready %.1f s after its spawn", time.perf_counter() - spawned)
         except BaseException:
             self._stop_process(timeout=5.0)
             self._close_sockets()
@@ -107,9 +119,9 @@ class EngineCoreClient:
         while True:
             events = dict(poller.poll(None))
             if self._output in events:
-                kind, payload = pickle.loads(self._output.recv())
+                kind, payload = self._receive_codec.decode(self._output.recv())
                 if kind is CoreMessage.READY:
-                    return payload
+                    return payload    # type: ignore[return-value]  # dict[str, int] by the protocol
                 if kind is CoreMessage.ERROR:
                     raise RuntimeError(f"the engine core failed to start: {payload}")
                 raise RuntimeError(f"the engine core sent {kind!r} before READY")
@@ -149,9 +161,8 @@ class EngineCoreClient:
     def _send(self, kind: CoreMessage, payload: object) -> None:
         if not self.is_alive:
             raise EngineDeadError(self.dead_reason or "the engine core is shut down")
-        data = pickle.dumps((kind, payload), protocol=5)
         with self._send_lock:
-            self._input.send(data, copy=False)
+            self._input.send(self._send_codec.encode(kind, payload), copy=False)
 
     # ---- core -> frontend (the receiver thread) ----------------------------------------------
     def _receive_loop(self) -> None:
@@ -174,16 +185,23 @@ class EngineCoreClient:
             self._died(f"the engine-core receiver failed: {exc!r}")
 
     def _take_messages(self) -> None:
+        timer, clock = self.timer, time.perf_counter
         while True:
             try:
                 frame = self._output.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            kind, payload = pickle.loads(frame.buffer)
+            started = clock()
+            kind, payload = self._receive_codec.decode(frame.buffer)
             if kind is CoreMessage.OUTPUTS:
-                self._on_outputs(payload)
+                decoded = clock()
+                timer.add("decode", decoded - started)
+                self._on_outputs(payload)     # type: ignore[arg-type]  # EngineCoreOutputs by the codec
+                handled = clock()
+                timer.add("handle", handled - decoded)
+                timer.end_round(handled)
             elif kind is CoreMessage.UTILITY_RESULT:
-                call_id, ok, value = payload
+                call_id, ok, value = payload  # type: ignore[misc]  # tuple[int, bool, int | str]
                 future = self._calls.pop(call_id, None)
                 if future is not None:
                     if ok:
@@ -211,7 +229,7 @@ class EngineCoreClient:
         if self.dead_reason is None:
             try:
                 with self._send_lock:
-                    self._input.send(pickle.dumps((CoreMessage.SHUTDOWN, None), protocol=5))
+                    self._input.send(self._send_codec.encode(CoreMessage.SHUTDOWN, None))
             except zmq.ZMQError:
                 pass
         self._closing = True

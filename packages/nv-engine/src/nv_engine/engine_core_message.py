@@ -1,6 +1,7 @@
 """CoreMessage: the kinds of message between a frontend and an engine-core process.
 
-Every message is one pickled (CoreMessage, payload) pair (pickle protocol 5). Frontend -> core:
+Every message is one frame: the CoreMessage byte, then the payload (engine_core_codec.py: msgspec for
+OUTPUTS, pickle protocol 5 for the rest). Frontend -> core:
   ADD       list[EngineCoreRequest]
   ABORT     list[str]                         request ids
   FINISH    list[tuple[str, int]]             (request id, completion index) a stop string ended

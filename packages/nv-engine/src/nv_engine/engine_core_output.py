@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from nv_engine.outputs import SampleLogprobs
+from nv_engine.outputs import Logprob
 from nv_kvcache import FinishReason
 
 
@@ -21,11 +21,11 @@ class SequenceUpdate(NamedTuple):
     request_id: str
     completion_index: int                      # 0 .. n-1 (`index` would hide tuple.index)
     new_token_ids: list[int]
-    logprobs: list[SampleLogprobs] | None      # one dict per new token, when the request asked
+    logprobs: list[dict[int, Logprob]] | None      # one dict per new token, when the request asked
     cumulative_logprob_delta: float            # sum of the chosen tokens' logprobs (0.0 without)
     finish_reason: FinishReason | None
     stop_token_id: int | None                  # the EOS / stop id that finished it, if one did
     num_cached_tokens: int                     # prompt tokens found in the prefix cache
     # the prompt's logprobs (entry j for prompt position j + 1), in the first update of a request
     # that asked for them
-    prompt_logprobs: list[SampleLogprobs] | None = None
+    prompt_logprobs: list[dict[int, Logprob]] | None = None

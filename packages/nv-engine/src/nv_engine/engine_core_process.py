@@ -9,26 +9,37 @@ costs no CPU). It also wakes when the frontend process dies, and then exits.
 
 SIGINT is ignored (Ctrl-C reaches the whole process group; the frontend shuts the core down with a
 SHUTDOWN message); SIGTERM ends it.
+
+Where the loop's time goes is summed per step by a StageTimer and logged at DEBUG every 10 s
+(NV_LOGGING_LEVEL=DEBUG): `step` (inside EngineCore.step, with `device wait`: the part spent in the
+executor's collect / execute, waiting for the device's result), `outputs` (encoding and sending the
+step's outputs), `inputs` (receiving and handling the queued inputs) and `idle` (blocked with no
+unfinished request).
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import zmq
 
 from nv_engine.config import EngineConfig
 from nv_engine.engine_core import EngineCore
+from nv_engine.engine_core_codec import CoreMessageCodec
 from nv_engine.engine_core_message import CoreMessage
 from nv_engine.engine_core_outputs import EngineCoreOutputs
 from nv_engine.engine_core_request import EngineCoreRequest
+from nv_engine.logging_config import configure_logging
+from nv_engine.stage_timer import StageTimer
 
 logger = logging.getLogger(__name__)
+
+_Result = TypeVar("_Result")
 
 # EngineCore methods a frontend may call (all take and return ints)
 UTILITY_METHODS = frozenset({"get_num_free_blocks", "get_num_unfinished_requests"})
@@ -49,13 +60,21 @@ class EngineCoreProcess:
         self.parent_sentinel = parent_sentinel
         self.running = True
         self._failed: list[tuple[str, str]] = []    # (request id, message), sent with the next outputs
+        self.codec = CoreMessageCodec()
+        self.timer = StageTimer("engine core loop", "step", ("step", "device wait", "outputs", "inputs", "idle"),
+                                logger, notes={"step": "device wait"})
+        executor = core.executor
+        if executor is not None:     # the executor's collect / execute is where a step waits for the device
+            executor.collect = self._timed_device_wait(executor.collect)    # type: ignore[method-assign]
+            executor.execute = self._timed_device_wait(executor.execute)    # type: ignore[method-assign]
 
     @staticmethod
     def main(config: EngineConfig, eos_token_ids: list[int], input_address: str, output_address: str,
              log_level: int) -> None:
         """Spawn target: start the core, send READY (or ERROR with the reason), then loop."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logging(log_level)
+        codec = CoreMessageCodec()
         context = zmq.Context()
         inputs = context.socket(zmq.PULL)
         inputs.connect(input_address)
@@ -64,23 +83,26 @@ class EngineCoreProcess:
         outputs.connect(output_address)
         try:
             logger.info("engine core starting (pid %d)", os.getpid())
+            building = time.perf_counter()
             try:
                 core = EngineCore(config, eos_token_ids, record_timestamps=True)
             except BaseException as exc:
                 logger.exception("engine core failed to start")
-                outputs.send(pickle.dumps((CoreMessage.ERROR, f"{type(exc).__name__}: {exc}"), protocol=5))
+                outputs.send(codec.encode(CoreMessage.ERROR, f"{type(exc).__name__}: {exc}"))
                 return
             parent = multiprocessing.parent_process()
             proc = EngineCoreProcess(core, inputs, outputs, parent.sentinel if parent is not None else None)
-            outputs.send(pickle.dumps((CoreMessage.READY, {
+            outputs.send(codec.encode(CoreMessage.READY, {
                 "num_blocks": core.num_blocks, "max_model_len": config.max_model_len,
-                "block_size": config.block_size, "pid": os.getpid()}), protocol=5))
-            logger.info("engine core ready: %d KV blocks of %d tokens", core.num_blocks, config.block_size)
+                "block_size": config.block_size, "pid": os.getpid()}))
+            logger.info("engine core ready: %d KV blocks of %d tokens; EngineCore built in %.1f s (model load, KV "
+                        "cache, CUDA graphs, warm-up)", core.num_blocks, config.block_size,
+                        time.perf_counter() - building)
             try:
                 proc.run()
             except BaseException as exc:
                 logger.exception("engine core failed")
-                outputs.send(pickle.dumps((CoreMessage.ERROR, f"{type(exc).__name__}: {exc}"), protocol=5))
+                outputs.send(codec.encode(CoreMessage.ERROR, f"{type(exc).__name__}: {exc}"))
             finally:
                 core.shutdown()
         finally:
@@ -91,10 +113,15 @@ class EngineCoreProcess:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         core = self.core
+        timer = self.timer
+        clock = time.perf_counter
         while self.running:
             idle = not core.has_unfinished_requests()
             # idle: block until an input (or the frontend's death); busy: only take what is queued
+            started = clock()
             events = dict(self.poller.poll(None if idle else 0))
+            polled = clock()
+            timer.add("idle", polled - started)
             if self.parent_sentinel is not None and self.parent_sentinel in events:
                 logger.warning("the frontend process is gone: the engine core exits")
                 return
@@ -103,7 +130,15 @@ class EngineCoreProcess:
             if not self.running:
                 return
             if core.has_unfinished_requests():
-                self._send(CoreMessage.OUTPUTS, self._step())
+                stepped = clock()
+                timer.add("inputs", stepped - polled)
+                outputs = self._step()
+                sending = clock()
+                timer.add("step", sending - stepped)
+                self._send(CoreMessage.OUTPUTS, outputs)
+                sent = clock()
+                timer.add("outputs", sent - sending)
+                timer.end_round(sent)
             elif self._failed:
                 self._send(CoreMessage.OUTPUTS, EngineCoreOutputs([], time.monotonic(), failed=self._take_failed()))
 
@@ -132,7 +167,7 @@ class EngineCoreProcess:
                 frame = self.inputs.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            kind, payload = pickle.loads(frame.buffer)
+            kind, payload = self.codec.decode(frame.buffer)
             self._handle(kind, payload)
             if not self.running:
                 return
@@ -169,4 +204,15 @@ class EngineCoreProcess:
                 self._failed.append((request.request_id, str(exc)))
 
     def _send(self, kind: CoreMessage, payload: object) -> None:
-        self.outputs.send(pickle.dumps((kind, payload), protocol=5), copy=False)
+        self.outputs.send(self.codec.encode(kind, payload), copy=False)
+
+    def _timed_device_wait(self, call: Callable[..., _Result]) -> Callable[..., _Result]:
+        timer, clock = self.timer, time.perf_counter
+
+        def timed(*args: object) -> _Result:
+            started = clock()
+            try:
+                return call(*args)
+            finally:
+                timer.add("device wait", clock() - started)
+        return timed

@@ -47,10 +47,14 @@ class OutputProcessor:
         return params.needs_every_token(stream=self.stream_outputs, detokenizes=self.tokenizer is not None)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> None:
+                    params: SamplingParams, *, stream: bool = True) -> None:
+        """stream=False (only when stream_outputs): this request's caller reads only its finished
+        output, so its text is decoded once at the end, as without stream_outputs (its outputs
+        before that carry token ids and an empty text)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        tokenizer = self.tokenizer if self.stream_outputs or params.stop else None   # None: no detokenizer
+        streams_text = self.stream_outputs and stream
+        tokenizer = self.tokenizer if streams_text or params.stop else None   # None: no detokenizer
         completions = [
             CompletionState(
                 index, params.skip_special_tokens,

@@ -157,7 +157,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     prompt_tail = state.tokenizer.decode(ids[-PROMPT_TAIL_TOKENS:])
     request_id = random_id("chatcmpl")
     try:
-        stream = await state.engine.add_requests([(request_id, {"prompt_token_ids": ids}, params)])
+        stream = await state.engine.add_requests([(request_id, {"prompt_token_ids": ids}, params)],
+                                                   stream=req.stream)
     except Exception as exc:
         raise engine_error(exc) from exc
     run = _ChatRun(state, req, model, request_id, len(ids), top_logprobs,
@@ -228,7 +229,10 @@ class _ChatRun:
             for index in self.choices:   # the role comes first, once per choice
                 yield self._chunk(ChatStreamChoice(
                     index=index, delta=DeltaMessage(role="assistant", content="")))
+            # Every output queued since the last wait is applied at once: a choice gets one delta
+            # with all its new text and tokens, and the chunks of one wait go out in one write.
             async for outputs in stream:
+                events = []
                 for index in sorted(self._apply(outputs)):
                     c = self.choices[index]
                     if c.done:
@@ -239,13 +243,15 @@ class _ChatRun:
                     if not deltas and start != end:   # logprobs of text a parser holds back
                         deltas = [DeltaMessage(content="")]
                     for k, delta in enumerate(deltas):
-                        yield self._chunk(ChatStreamChoice(
-                            index=index, delta=delta, logprobs=self._logprobs(c, start, end) if k == 0 else None))
+                        events.append(self._chunk(ChatStreamChoice(
+                            index=index, delta=delta, logprobs=self._logprobs(c, start, end) if k == 0 else None)))
                     if c.finish_reason is not None:
                         c.done = True
-                        yield self._chunk(ChatStreamChoice(
+                        events.append(self._chunk(ChatStreamChoice(
                             index=index, delta=DeltaMessage(), finish_reason=parser.finish_reason(c.finish_reason),
-                            stop_reason=c.stop_reason))
+                            stop_reason=c.stop_reason)))
+                if events:
+                    yield "".join(events)
             if self.req.include_usage:
                 yield self._chunk(None, usage=self._usage())
         except APIError as err:

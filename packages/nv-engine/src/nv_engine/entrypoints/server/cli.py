@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import threading
 from typing import Any
 
 from nv_engine.engine_args import EngineArgs
@@ -36,6 +37,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     ChatParsingOptions.add_cli_arguments(p)
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--enable-uvicorn-access-log", action="store_true",
+                   help="log every HTTP request (uvicorn's access log; off by default: at high request "
+                        "rates it costs the event loop time)")
     EngineArgs.add_cli_arguments(p)
 
 
@@ -118,7 +122,7 @@ def run_server(args: argparse.Namespace) -> int:
     try:   # before the (slow) engine start
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:   # the serve extra is missing
         raise SystemExit(f"nv serve needs FastAPI, uvicorn and prometheus_client: "
                          f"pip install 'nv-engine[serve]' ({exc})") from exc
@@ -127,13 +131,18 @@ def run_server(args: argparse.Namespace) -> int:
     server_limits(args)   # a bad limit fails before the (slow) engine start
     chat_parsing_options(args)   # a bad tool-call / reasoning parser flag fails before the engine starts
     configure_logging()   # nv's INFO lines (engine setup, stats) on stderr; NV_LOGGING_LEVEL sets the level
+    # The HTTP side's imports (FastAPI, routes, protocol models) run while the engine core starts:
+    # the frontend mostly waits for the core then, with the GIL released.
+    server_imports = threading.Thread(target=import_server_modules, name="nv-server-imports", daemon=True)
+    server_imports.start()
     engine = create_async_llm(args.model, **engine_kwargs(args))
+    server_imports.join()
     app = build_app_for_engine(engine, args)
     logger.info("serving %s on http://%s:%d", args.served_model_name or args.model, args.host, args.port)
     from nv_engine.entrypoints.server.draining_server import DrainingServer
 
     try:
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+        config = uvicorn_config(app, args)
         try:
             DrainingServer(config, app.state.nv, exit_when_engine_dies=True).run()
         except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it drained on
@@ -144,6 +153,23 @@ def run_server(args: argparse.Namespace) -> int:
         logger.error("the engine core died: nv serve exits with status 1")
         return 1
     return 0
+
+
+def import_server_modules() -> None:
+    """Import what serving needs beyond the engine (a failure shows again at the real import)."""
+    try:
+        import nv_engine.entrypoints.server.app  # noqa: F401
+        import nv_engine.entrypoints.server.draining_server  # noqa: F401
+    except ImportError:
+        pass
+
+
+def uvicorn_config(app: Any, args: argparse.Namespace) -> Any:
+    """uvicorn.Config for `nv serve`: the access log only with --enable-uvicorn-access-log."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                          access_log=args.enable_uvicorn_access_log)
 
 
 def main(argv: list[str] | None = None) -> int:

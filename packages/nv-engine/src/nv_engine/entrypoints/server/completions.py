@@ -80,7 +80,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         params.output_kind = RequestOutputKind.DELTA   # per output only what is new (ChoiceState adds up)
         engine_requests.append((f"{request_id}-{i}", {"prompt_token_ids": ids}, params))
     try:
-        stream = await state.engine.add_requests(engine_requests)
+        stream = await state.engine.add_requests(engine_requests, stream=req.stream)
     except Exception as exc:
         raise engine_error(exc) from exc
     run = _CompletionRun(state, req, model, request_id, prompts)
@@ -167,7 +167,10 @@ class _CompletionRun:
                 for c in self.choices.values():
                     yield sse(CompletionChunk(id=self.id, model=self.model, choices=[
                         CompletionChoice(index=c.index, text=self._echo(c))], usage=self._choice_usage(c)))
+            # Every output queued since the last wait is applied at once: a choice gets one chunk
+            # with all its new text and tokens, and the chunks of one wait go out in one write.
             async for outputs in stream:
+                events = []
                 for index in sorted(self._apply(outputs)):
                     c = self.choices[index]
                     if c.done:
@@ -182,10 +185,12 @@ class _CompletionRun:
                     if index not in self.prompt_logprobs_sent:    # the first chunk carries them
                         prompt_logprobs = self._prompt_logprobs(c)
                         self.prompt_logprobs_sent.add(index)
-                    yield sse(CompletionChunk(id=self.id, model=self.model, choices=[CompletionChoice(
+                    events.append(sse(CompletionChunk(id=self.id, model=self.model, choices=[CompletionChoice(
                         index=index, text=delta, logprobs=self._logprobs(c, start, end, offset),
                         finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                        prompt_logprobs=prompt_logprobs)], usage=self._choice_usage(c)))
+                        prompt_logprobs=prompt_logprobs)], usage=self._choice_usage(c))))
+                if events:
+                    yield "".join(events)
             if self.req.include_usage:
                 yield sse(CompletionChunk(id=self.id, model=self.model, choices=[],
                                           usage=self._usage()))

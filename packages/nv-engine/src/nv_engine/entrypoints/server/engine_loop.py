@@ -77,10 +77,11 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self.dead is None and self._thread is not None and self._thread.is_alive()
 
-    async def add_requests(self, requests: list[tuple[str, Any, Any]]) -> OutputStream:
+    async def add_requests(self, requests: list[tuple[str, Any, Any]], *, stream: bool = True) -> OutputStream:
         """Queue (request_id, prompt, params) requests; returns once the engine accepted all of
-        them. The engine's error for one of them (ValueError for a bad prompt or bad sampling
-        values) propagates, and then none of them stays in the engine."""
+        them (`stream`, AsyncLLM's hint that only finished outputs are read, changes nothing here).
+        The engine's error for one of them (ValueError for a bad prompt or bad sampling values)
+        propagates, and then none of them stays in the engine."""
         if not self.is_alive:
             raise APIError("The engine is not running.", status=503)
         if self._loop is None:  # is_alive implies a loop; kept explicit for the type checker and -O
@@ -89,8 +90,8 @@ class AsyncEngine:
         accepted = []
         for request_id, prompt, params in requests:
             fut = self._loop.create_future()
-            stream = RequestStream(request_id, out_queue)
-            self._commands.put(("add", request_id, prompt, params, stream, fut))
+            request_stream = RequestStream(request_id, out_queue)
+            self._commands.put(("add", request_id, prompt, params, request_stream, fut))
             accepted.append(fut)
         self._wakeup.set()
         ids = [r[0] for r in requests]
