@@ -17,12 +17,18 @@ come back. Step N is postprocessed with placeholder ids (lengths and max_tokens 
 the runner takes step N+1's input ids from step N's sampled ids on the device, and while the GPU
 runs step N+1 the core patches in step N's real ids, applies EOS / stop ids and builds the
 updates (a sequence a stop string ends computes an extra token or more, dropped). So the CPU work
-of a step hides behind the GPU work of the next. Requests with penalties or structured outputs
-(which need every output id on the host when sampling) turn it off while they run.
+of a step hides behind the GPU work of the next. Requests with penalties (which need every output
+id on the host when sampling) turn it off while they run.
 
 Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a
 worker thread), fills each step's token bitmask and advances the grammars with the sampled tokens;
-the core's calls into it are the lines marked "structured outputs".
+the core's calls into it are the lines marked "structured outputs". They keep async scheduling:
+step N+1's bitmask needs step N's ids, its forward does not, so while grammars are active each
+step is launched with defer_sampling (the forward only). Step N+1's forward is launched before
+step N's ids are collected; then the matchers accept step N's ids and step N+1's bitmask fills in
+a worker thread (xgrammar releases the GIL) while the core reports step N and the frontend
+detokenizes; the next `step()` waits for the bitmask and samples step N+1 (ModelRunner.sample).
+A sequence whose grammar ends at step N computes step N+1's token, dropped (as a stop string's).
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
@@ -34,8 +40,12 @@ import logging
 import random
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from nv_engine.config import EngineConfig
 from nv_engine.engine_core_output import SequenceUpdate
@@ -69,6 +79,8 @@ class _Launched:
     result: StepResult | None
     tokens: tuple[int, int]          # (prompt tokens computed, tokens sampled)
     prompt_logprobs: PromptLogprobsBatch | None = None
+    unsampled: bool = False          # launched with defer_sampling, not sampled yet (structured outputs)
+    bitmask: Future[np.ndarray | None] | None = None   # its bitmask, filling in a worker thread
 
 
 class EngineCore:
@@ -125,6 +137,7 @@ class EngineCore:
         self._inflight: _Launched | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
+        self._awaiting_sample: _Launched | None = None  # launched with defer_sampling, not sampled
         self._num_penalty_requests = 0
         self._num_prompt_logprobs_requests = 0
         self._first_scheduled: dict[str, float] = {}   # this step's, for EngineCoreOutputs
@@ -267,6 +280,8 @@ class EngineCore:
                 return failed
             self._open_steps = [out]
             launched = self._launch(out, None)
+        if launched.unsampled:                             # structured outputs: sample with the bitmask
+            self._sample(launched)
         self.last_step_tokens = launched.tokens
         out = launched.out
         if launched.result is None and self._num_penalty_requests == 0:
@@ -290,6 +305,9 @@ class EngineCore:
                                                               result.token_ids):
                 if scheduler.finish(seq.seq_id, reason) is not None:
                     self.step_builder.release(seq.seq_id)
+        following = self._inflight
+        if following is not None and following.unsampled:  # structured outputs: fill while it runs
+            following.bitmask = self.structured_outputs.fill_bitmask_async([s.seq for s in following.out.sampling])  # type: ignore[misc]
         updates = self._report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return failed + updates if failed else updates
@@ -320,6 +338,7 @@ class EngineCore:
         """Build the step's inputs and hand it to the runner (launch only, when async)."""
         sampling = out.sampling
         batch = None
+        defer_sampling = False
         if sampling:
             rows = []
             for entry in sampling:
@@ -328,7 +347,9 @@ class EngineCore:
                                         seq.prompt_token_ids, seq.output_token_ids))
             batch = self.sampling_builder.build(rows)
             if self.structured_outputs.active:             # structured outputs: the grammars' masks
-                batch.token_bitmask = self.structured_outputs.fill_bitmask([s.seq for s in sampling])  # type: ignore[misc]
+                defer_sampling = self.async_scheduling and self._num_penalty_requests == 0
+                if not defer_sampling:                     # synchronous steps: fill it now
+                    batch.token_bitmask = self.structured_outputs.fill_bitmask([s.seq for s in sampling])  # type: ignore[misc]
         prev_index = None
         if previous is not None and previous.out.sampling:
             prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
@@ -340,21 +361,35 @@ class EngineCore:
                 if seq.prompt_logprobs is not None and seq.params.prompt_logprobs is not None:
                     prompt_widths[seq.seq_id] = seq.params.prompt_logprobs
         step_input = self.step_builder.build(out, batch, prev_index, prompt_widths)
+        step_input.defer_sampling = defer_sampling
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
-                             step_input.prompt_logprobs)
+                             step_input.prompt_logprobs, unsampled=defer_sampling)
         if self.record_timestamps and not out.is_pure_decode:
             self._note_first_scheduled(out)
         executor = self.live_executor()
         if self.async_scheduling:
             executor.launch(step_input)
             self._num_uncollected += 1
+            if defer_sampling:
+                self._awaiting_sample = launched
         else:
             launched.result = executor.execute(step_input)
             if launched.result is None:
                 raise RuntimeError("the executor returned no result for a step")
         return launched
+
+    def _sample(self, launched: _Launched) -> None:
+        """Structured outputs: sample a step launched with defer_sampling, with its bitmask (from
+        the worker thread, or filled now)."""
+        pending, launched.bitmask, launched.unsampled = launched.bitmask, None, False
+        self._awaiting_sample = None
+        if pending is not None:
+            bitmask = pending.result()
+        else:
+            bitmask = self.structured_outputs.fill_bitmask([s.seq for s in launched.out.sampling])  # type: ignore[misc]
+        self.live_executor().sample(bitmask)
 
     def _collect(self) -> StepResult:
         result = self.live_executor().collect()
@@ -416,6 +451,15 @@ class EngineCore:
         self._open_steps = []
         self._inflight = None
         self.scheduler.discard_pending()
+        unsampled, self._awaiting_sample = self._awaiting_sample, None
+        if unsampled is not None:                  # its bitmask's fill ends; the runner samples it unmasked
+            if unsampled.bitmask is not None:
+                wait_futures([unsampled.bitmask])
+            if self.executor is not None:
+                try:
+                    self.executor.sample(None)
+                except Exception:
+                    logger.exception("dropping a step launched with defer_sampling")
         while self._num_uncollected > 0 and self.executor is not None:
             self._num_uncollected -= 1
             try:
