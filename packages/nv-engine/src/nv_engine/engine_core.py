@@ -383,12 +383,11 @@ class EngineCore:
     def _sample(self, launched: _Launched) -> None:
         """Structured outputs: sample a step launched with defer_sampling, with its bitmask (from
         the worker thread, or filled now)."""
-        pending, launched.bitmask, launched.unsampled = launched.bitmask, None, False
-        self._awaiting_sample = None
-        if pending is not None:
-            bitmask = pending.result()
+        if launched.bitmask is not None:
+            bitmask = launched.bitmask.result()    # raises what the fill raised (the step is abandoned)
         else:
             bitmask = self.structured_outputs.fill_bitmask([s.seq for s in launched.out.sampling])  # type: ignore[misc]
+        launched.bitmask, launched.unsampled, self._awaiting_sample = None, False, None
         self.live_executor().sample(bitmask)
 
     def _collect(self) -> StepResult:
