@@ -233,8 +233,7 @@ def test_abort_while_a_step_waits_for_its_bitmask(llm):
 
     for _ in range(3):                         # the prompts, then two tokens of the at least 12 the schema needs
         step()
-    inflight = core._inflight                  # step N+1: launched, its bitmask filling
-    assert inflight is not None and inflight.unsampled
+    assert core.grammar_sampling.waiting       # step N+1: launched, its bitmask filling
     assert not finished
     engine.abort_request(["abort-0", "abort-2"])
     while engine.has_unfinished_requests():

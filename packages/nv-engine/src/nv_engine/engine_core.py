@@ -22,13 +22,9 @@ id on the host when sampling) turn it off while they run.
 
 Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a
 worker thread), fills each step's token bitmask and advances the grammars with the sampled tokens;
-the core's calls into it are the lines marked "structured outputs". They keep async scheduling:
-step N+1's bitmask needs step N's ids, its forward does not, so while grammars are active each
-step is launched with defer_sampling (the forward only). Step N+1's forward is launched before
-step N's ids are collected; then the matchers accept step N's ids and step N+1's bitmask fills in
-a worker thread (xgrammar releases the GIL) while the core reports step N and the frontend
-detokenizes; the next `step()` waits for the bitmask and samples step N+1 (ModelRunner.sample).
-A sequence whose grammar ends at step N computes step N+1's token, dropped (as a stop string's).
+the core's calls into it (and GrammarSampling) are the lines marked "structured outputs". They keep
+async scheduling: step N+1's forward is launched before step N's ids are back, its sampling waits
+for the bitmask filled after them, while the core reports step N (GrammarSampling's docstring).
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
@@ -40,12 +36,8 @@ import logging
 import random
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from nv_engine.config import EngineConfig
 from nv_engine.engine_core_output import SequenceUpdate
@@ -59,6 +51,7 @@ from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
 from nv_engine.structured_output.compiler import HFTokenizer
+from nv_engine.structured_output.grammar_sampling import GrammarSampling
 from nv_engine.structured_output.manager import StructuredOutputManager
 from nv_engine.warmup_steps import WarmupSteps
 from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
@@ -79,8 +72,6 @@ class _Launched:
     result: StepResult | None
     tokens: tuple[int, int]          # (prompt tokens computed, tokens sampled)
     prompt_logprobs: PromptLogprobsBatch | None = None
-    unsampled: bool = False          # launched with defer_sampling, not sampled yet (structured outputs)
-    bitmask: Future[np.ndarray | None] | None = None   # its bitmask, filling in a worker thread
 
 
 class EngineCore:
@@ -129,6 +120,7 @@ class EngineCore:
         self.structured_outputs = StructuredOutputManager(
             (lambda: tokenizer) if tokenizer is not None else (lambda: load_tokenizer(config)),
             self.vocab_size, sorted(self.eos_token_ids))
+        self.grammar_sampling = GrammarSampling(self.structured_outputs)
         self.rng = random.Random(config.seed)
         self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
         self._reports_every_token: dict[str, bool] = {}       # unfinished: id -> the request's rule
@@ -137,7 +129,6 @@ class EngineCore:
         self._inflight: _Launched | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
-        self._awaiting_sample: _Launched | None = None  # launched with defer_sampling, not sampled
         self._num_penalty_requests = 0
         self._num_prompt_logprobs_requests = 0
         self._first_scheduled: dict[str, float] = {}   # this step's, for EngineCoreOutputs
@@ -280,8 +271,7 @@ class EngineCore:
                 return failed
             self._open_steps = [out]
             launched = self._launch(out, None)
-        if launched.unsampled:                             # structured outputs: sample with the bitmask
-            self._sample(launched)
+        self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
         self.last_step_tokens = launched.tokens
         out = launched.out
         if launched.result is None and self._num_penalty_requests == 0:
@@ -300,14 +290,11 @@ class EngineCore:
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             record_prompt_logprobs(out, launched.prompt_logprobs, result)
-        if self.structured_outputs.active:                 # structured outputs: advance the matchers
-            for seq, reason in self.structured_outputs.accept([s.seq for s in out.sampling],  # type: ignore[misc]
-                                                              result.token_ids):
-                if scheduler.finish(seq.seq_id, reason) is not None:
-                    self.step_builder.release(seq.seq_id)
-        following = self._inflight
-        if following is not None and following.unsampled:  # structured outputs: fill while it runs
-            following.bitmask = self.structured_outputs.fill_bitmask_async([s.seq for s in following.out.sampling])  # type: ignore[misc]
+        if self.grammar_sampling.active:                   # structured outputs: advance the matchers, then
+            for seq in self.grammar_sampling.finish_by_grammar(  # fill the next step's mask while it runs
+                    scheduler, [s.seq for s in out.sampling], result.token_ids):  # type: ignore[misc]
+                self.step_builder.release(seq.seq_id)
+            self.grammar_sampling.start_fill()
         updates = self._report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return failed + updates if failed else updates
@@ -315,20 +302,10 @@ class EngineCore:
     def _release_structured_outputs(self, wait: bool) -> list[SequenceUpdate]:
         """Structured outputs: requests whose grammar compiled join the scheduler; those whose
         compile failed finish (abort) now. wait: block briefly for a compile (nothing else to run)."""
-        released = self.structured_outputs.release(wait=wait)
-        failed = list(released.failed)
-        for seq in released.ready:
-            try:
-                self.scheduler.add(seq)
-            except ValueError as exc:
-                failed.append((seq, str(exc)))
-                continue
+        added, failed = self.grammar_sampling.admit(self.scheduler, wait)
+        for seq in added:
             if seq.params.n > 1 and not self.config.enable_prefix_caching:
                 self._add_siblings(self.requests[seq.request_id])
-        if not failed:
-            return []
-        for seq, message in failed:
-            logger.warning("request %s finishes (abort): %s", seq.request_id, message)
         updates = [SequenceUpdate(seq.request_id, index, [], None, 0.0, FinishReason.ABORT, None, 0)
                    for seq, _ in failed for index in range(seq.params.n)]
         self.abort_requests([seq.request_id for seq, _ in failed])
@@ -346,10 +323,10 @@ class EngineCore:
                 rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
                                         seq.prompt_token_ids, seq.output_token_ids))
             batch = self.sampling_builder.build(rows)
-            if self.structured_outputs.active:             # structured outputs: the grammars' masks
+            if self.grammar_sampling.active:               # structured outputs: the grammars' masks
                 defer_sampling = self.async_scheduling and self._num_penalty_requests == 0
                 if not defer_sampling:                     # synchronous steps: fill it now
-                    batch.token_bitmask = self.structured_outputs.fill_bitmask([s.seq for s in sampling])  # type: ignore[misc]
+                    batch.token_bitmask = self.grammar_sampling.bitmask_now([s.seq for s in sampling])  # type: ignore[misc]
         prev_index = None
         if previous is not None and previous.out.sampling:
             prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
@@ -365,7 +342,7 @@ class EngineCore:
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
-                             step_input.prompt_logprobs, unsampled=defer_sampling)
+                             step_input.prompt_logprobs)
         if self.record_timestamps and not out.is_pure_decode:
             self._note_first_scheduled(out)
         executor = self.live_executor()
@@ -373,22 +350,12 @@ class EngineCore:
             executor.launch(step_input)
             self._num_uncollected += 1
             if defer_sampling:
-                self._awaiting_sample = launched
+                self.grammar_sampling.launched_unsampled([s.seq for s in sampling])  # type: ignore[misc]
         else:
             launched.result = executor.execute(step_input)
             if launched.result is None:
                 raise RuntimeError("the executor returned no result for a step")
         return launched
-
-    def _sample(self, launched: _Launched) -> None:
-        """Structured outputs: sample a step launched with defer_sampling, with its bitmask (from
-        the worker thread, or filled now)."""
-        if launched.bitmask is not None:
-            bitmask = launched.bitmask.result()    # raises what the fill raised (the step is abandoned)
-        else:
-            bitmask = self.structured_outputs.fill_bitmask([s.seq for s in launched.out.sampling])  # type: ignore[misc]
-        launched.bitmask, launched.unsampled, self._awaiting_sample = None, False, None
-        self.live_executor().sample(bitmask)
 
     def _collect(self) -> StepResult:
         result = self.live_executor().collect()
@@ -450,15 +417,10 @@ class EngineCore:
         self._open_steps = []
         self._inflight = None
         self.scheduler.discard_pending()
-        unsampled, self._awaiting_sample = self._awaiting_sample, None
-        if unsampled is not None:                  # its bitmask's fill ends; the runner samples it unmasked
-            if unsampled.bitmask is not None:
-                wait_futures([unsampled.bitmask])
-            if self.executor is not None:
-                try:
-                    self.executor.sample(None)
-                except Exception:
-                    logger.exception("dropping a step launched with defer_sampling")
+        try:
+            self.grammar_sampling.drop(self.executor)    # structured outputs: a step launched unsampled
+        except Exception:
+            logger.exception("dropping a step launched with defer_sampling")
         while self._num_uncollected > 0 and self.executor is not None:
             self._num_uncollected -= 1
             try:
