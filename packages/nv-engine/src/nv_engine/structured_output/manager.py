@@ -179,10 +179,11 @@ class StructuredOutputManager:
 
     @property
     def batch_matcher(self) -> xgrammar.BatchGrammarMatcher:
-        if self._batch_matcher is None:
+        matcher = self._batch_matcher
+        if matcher is None:
             threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
-            self._batch_matcher = import_xgrammar().BatchGrammarMatcher(max_threads=threads)
-        return self._batch_matcher
+            matcher = self._batch_matcher = import_xgrammar().BatchGrammarMatcher(max_threads=threads)
+        return matcher
 
     def _matcher(self, seq: EngineSequence) -> xgrammar.GrammarMatcher | None:
         matcher = self._matchers.get(seq.seq_id)
