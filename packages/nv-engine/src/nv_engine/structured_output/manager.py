@@ -73,6 +73,10 @@ class StructuredOutputManager:
         self._held: dict[str, tuple[Future[xgrammar.CompiledGrammar], EngineSequence]] = {}
         self._grammars: dict[str, xgrammar.CompiledGrammar] = {}   # request id -> its compiled grammar
         self._matchers: dict[int, xgrammar.GrammarMatcher] = {}    # seq id -> its matcher
+        # seq ids whose matcher took a stop token: terminated (xgrammar ends a grammar only so), kept
+        # here so a step asks xgrammar nothing per row
+        self._terminated: set[int] = set()
+        self._stop_token_ids = frozenset(self._eos_token_ids)
         self._batch_matcher: xgrammar.BatchGrammarMatcher | None = None
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
@@ -158,7 +162,7 @@ class StructuredOutputManager:
         matchers, rows = [], []
         for row, seq in enumerate(seqs):
             matcher = self._matcher(seq)
-            if matcher is not None and not seq.is_finished and not matcher.is_terminated():
+            if matcher is not None and not seq.is_finished and seq.seq_id not in self._terminated:
                 matchers.append(matcher)
                 rows.append(row)
         return (self.batch_matcher, matchers, rows) if matchers else None
@@ -202,23 +206,28 @@ class StructuredOutputManager:
         under ignore_eos or min_tokens), ABORT where the token breaks the grammar (a ban such as min_tokens left
         the row nothing the grammar allows)."""
         to_finish: list[tuple[EngineSequence, FinishReason]] = []
-        batch: list[tuple[EngineSequence, xgrammar.GrammarMatcher, int]] = []
+        rows: list[tuple[EngineSequence, int]] = []
+        matchers: list[xgrammar.GrammarMatcher] = []
+        get_matcher, terminated = self._matchers.get, self._terminated
         for seq, token_id in zip(seqs, token_ids, strict=True):
-            matcher = self._matchers.get(seq.seq_id) if self._matchers else None
-            if matcher is not None and not matcher.is_terminated():
-                batch.append((seq, matcher, int(token_id)))
-        if not batch:
+            matcher = get_matcher(seq.seq_id)
+            if matcher is not None and seq.seq_id not in terminated:
+                rows.append((seq, int(token_id)))
+                matchers.append(matcher)
+        if not rows:
             return to_finish
         accepted = import_xgrammar().BatchGrammarMatcher.batch_accept_token(
-            [matcher for _, matcher, _ in batch], [token_id for _, _, token_id in batch])
-        for (seq, matcher, token_id), ok in zip(batch, accepted, strict=True):
+            matchers, [token_id for _, token_id in rows])
+        for (seq, token_id), ok in zip(rows, accepted, strict=True):
             if not ok:
                 logger.warning("request %s: sampled token %d is outside its grammar; finishing it",
                                seq.request_id, token_id)
                 if not seq.is_finished:
                     to_finish.append((seq, FinishReason.ABORT))
-            elif not seq.is_finished and matcher.is_terminated():
-                to_finish.append((seq, FinishReason.STOP))
+            elif token_id in self._stop_token_ids:   # accepted a stop token: the grammar ended
+                terminated.add(seq.seq_id)
+                if not seq.is_finished:
+                    to_finish.append((seq, FinishReason.STOP))
         return to_finish
 
     # ---- 5. end of a request -----------------------------------------------------------------
@@ -228,6 +237,7 @@ class StructuredOutputManager:
         self._grammars.pop(request_id, None)
         for seq_id in seq_ids:
             self._matchers.pop(seq_id, None)
+            self._terminated.discard(seq_id)
 
     def shutdown(self) -> None:
         if self._compiler is not None:
