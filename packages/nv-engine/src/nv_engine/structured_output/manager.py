@@ -81,6 +81,9 @@ class StructuredOutputManager:
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
         self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
+        # False: fill_bitmask_async fills in the caller's thread (then only the device's forward
+        # overlaps the fill, not the engine's own work; for comparing the two)
+        self.fill_in_worker = True
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -146,9 +149,9 @@ class StructuredOutputManager:
     def fill_bitmask_async(self, seqs: Sequence[EngineSequence]) -> Future[np.ndarray | None]:
         """fill_bitmask in a worker thread (the matchers must not advance until it is done)."""
         rows = self._fill_rows(seqs)
-        if rows is None:
+        if rows is None or not self.fill_in_worker:
             done: Future[np.ndarray | None] = Future()
-            done.set_result(None)
+            done.set_result(None if rows is None else self._fill(self._bitmask_buffer(len(seqs)), *rows))
             return done
         if self._fill_pool is None:
             self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nv-grammar-fill")
