@@ -417,10 +417,7 @@ class EngineCore:
         self._open_steps = []
         self._inflight = None
         self.scheduler.discard_pending()
-        try:
-            self.grammar_sampling.drop(self.executor)    # structured outputs: a step launched unsampled
-        except Exception:
-            logger.exception("dropping a step launched with defer_sampling")
+        self.grammar_sampling.drop(self.executor)        # structured outputs: a step launched unsampled
         while self._num_uncollected > 0 and self.executor is not None:
             self._num_uncollected -= 1
             try:

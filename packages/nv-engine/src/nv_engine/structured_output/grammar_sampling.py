@@ -73,12 +73,16 @@ class GrammarSampling:
 
     def drop(self, executor: Executor | None) -> None:
         """After a failed step: let a running fill end and sample the waiting step without a mask,
-        so the runner's launched steps can all be collected (and dropped)."""
+        so the runner's launched steps can all be collected (and dropped). Never raises (a broken
+        runner reports itself at its next call)."""
         pending, self._bitmask, waiting, self._waiting = self._bitmask, None, self._waiting, None
         if pending is not None:
             wait_futures([pending])
         if waiting is not None and executor is not None:
-            executor.sample(None)
+            try:
+                executor.sample(None)
+            except Exception:
+                logger.exception("dropping a step launched with defer_sampling")
 
     def admit(self, scheduler: Scheduler, wait: bool
               ) -> tuple[list[EngineSequence], list[tuple[EngineSequence, str]]]:
