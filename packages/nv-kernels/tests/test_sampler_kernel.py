@@ -87,3 +87,27 @@ def test_prescaled_scores_and_strided_rows(fused: ModuleType):
     t = plain_tensors([1.0] * 5)
     got = fused.sample_tokens(scores, t.seeds, t.positions, None, block=64)  # no temperature
     assert torch.equal(got, reference(scores.contiguous(), t))
+
+
+def test_token_bitmask_allows_only_its_tokens(fused: ModuleType):
+    """A grammar's bitmask read in the kernel equals the torch path's masked_fill to -inf, greedy and
+    sampled, with a vocabulary that is not a multiple of 32 and rows allowing one token or all."""
+    vocab, rows = 300, 4
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(rows, vocab, generator=gen) * 3).to(torch.bfloat16)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31, (rows, words), generator=gen, dtype=torch.int64).to(torch.int32)
+    bitmask[1] = 0
+    bitmask[1, 290 // 32] = 1 << (290 % 32)           # one token allowed, past the last full word of 32
+    bitmask[2] = -1                                   # every token
+    allowed = ((bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1).reshape(rows, -1)[:, :vocab].bool()
+    masked = logits.float().masked_fill(~allowed, float("-inf"))
+    for temps in ([0.0] * rows, [0.7, 1.0, 0.0, 2.0]):
+        t = plain_tensors(temps, seed=4)
+        got = fused.sample_tokens(logits, t.seeds, t.positions, t.temperatures, token_bitmask=bitmask,
+                                  all_greedy=not any(temps), block=64)
+        assert torch.equal(got, reference(masked, t))
+        assert bool(allowed.gather(1, got[:, None]).all())
+        assert int(got[1]) == 290
+    with pytest.raises(ValueError, match="token_bitmask"):
+        fused.sample_tokens(logits, t.seeds, t.positions, t.temperatures, token_bitmask=bitmask[:, :3])

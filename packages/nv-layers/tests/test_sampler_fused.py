@@ -77,6 +77,19 @@ def test_sampler_dispatch_uses_kernels_on_both_paths(fused: ModuleType, monkeypa
     assert calls[-1] is True
 
 
+def test_a_grammar_bitmask_stays_on_the_fast_path(fused: ModuleType, monkeypatch):
+    """Structured outputs: the kernel reads the bitmask (same tokens as the torch path's masked_fill)."""
+    sampler = Sampler()
+    monkeypatch.setattr(sampler, "_fused_kernels", lambda device: fused)
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(4, 300, generator=gen).to(torch.bfloat16)
+    bitmask = torch.randint(-(2**31), 2**31, (4, 10), generator=gen, dtype=torch.int64).to(torch.int32)
+    t = plain_tensors([0.8, 0.0, 1.2, 1.0], token_bitmask=bitmask)   # greedy and sampled rows
+    assert fast_path_applies(t)
+    assert torch.equal(sampler(logits, t).token_ids, reference(logits, t))
+    assert not fast_path_applies(plain_tensors([0.7], token_bitmask=bitmask[:1], banned_token_ids=torch.tensor([[3]])))
+
+
 def test_fast_path_is_off_for_other_stages():
     assert fast_path_applies(plain_tensors([0.7, 0.0]))
     assert not fast_path_applies(plain_tensors([0.7], any_top_p=True))

@@ -17,12 +17,14 @@ come back. Step N is postprocessed with placeholder ids (lengths and max_tokens 
 the runner takes step N+1's input ids from step N's sampled ids on the device, and while the GPU
 runs step N+1 the core patches in step N's real ids, applies EOS / stop ids and builds the
 updates (a sequence a stop string ends computes an extra token or more, dropped). So the CPU work
-of a step hides behind the GPU work of the next. Requests with penalties or structured outputs
-(which need every output id on the host when sampling) turn it off while they run.
+of a step hides behind the GPU work of the next. Requests with penalties (which need every output
+id on the host when sampling) turn it off while they run.
 
 Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a
 worker thread), fills each step's token bitmask and advances the grammars with the sampled tokens;
-the core's calls into it are the lines marked "structured outputs".
+the core's calls into it (and GrammarSampling) are the lines marked "structured outputs". They keep
+async scheduling: step N+1's forward is launched before step N's ids are back, its sampling waits
+for the bitmask filled after them, while the core reports step N (GrammarSampling's docstring).
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
@@ -49,6 +51,7 @@ from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
 from nv_engine.structured_output.compiler import HFTokenizer
+from nv_engine.structured_output.grammar_sampling import GrammarSampling
 from nv_engine.structured_output.manager import StructuredOutputManager
 from nv_engine.warmup_steps import WarmupSteps
 from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
@@ -117,6 +120,7 @@ class EngineCore:
         self.structured_outputs = StructuredOutputManager(
             (lambda: tokenizer) if tokenizer is not None else (lambda: load_tokenizer(config)),
             self.vocab_size, sorted(self.eos_token_ids))
+        self.grammar_sampling = GrammarSampling(self.structured_outputs)
         self.rng = random.Random(config.seed)
         self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
         self._reports_every_token: dict[str, bool] = {}       # unfinished: id -> the request's rule
@@ -267,6 +271,7 @@ class EngineCore:
                 return failed
             self._open_steps = [out]
             launched = self._launch(out, None)
+        self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
         self.last_step_tokens = launched.tokens
         out = launched.out
         if launched.result is None and self._num_penalty_requests == 0:
@@ -285,11 +290,11 @@ class EngineCore:
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             record_prompt_logprobs(out, launched.prompt_logprobs, result)
-        if self.structured_outputs.active:                 # structured outputs: advance the matchers
-            for seq, reason in self.structured_outputs.accept([s.seq for s in out.sampling],  # type: ignore[misc]
-                                                              result.token_ids):
-                if scheduler.finish(seq.seq_id, reason) is not None:
-                    self.step_builder.release(seq.seq_id)
+        if self.grammar_sampling.active:                   # structured outputs: advance the matchers, then
+            for seq in self.grammar_sampling.finish_by_grammar(  # fill the next step's mask while it runs
+                    scheduler, [s.seq for s in out.sampling], result.token_ids):  # type: ignore[misc]
+                self.step_builder.release(seq.seq_id)
+            self.grammar_sampling.start_fill()
         updates = self._report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return failed + updates if failed else updates
@@ -297,20 +302,10 @@ class EngineCore:
     def _release_structured_outputs(self, wait: bool) -> list[SequenceUpdate]:
         """Structured outputs: requests whose grammar compiled join the scheduler; those whose
         compile failed finish (abort) now. wait: block briefly for a compile (nothing else to run)."""
-        released = self.structured_outputs.release(wait=wait)
-        failed = list(released.failed)
-        for seq in released.ready:
-            try:
-                self.scheduler.add(seq)
-            except ValueError as exc:
-                failed.append((seq, str(exc)))
-                continue
+        added, failed = self.grammar_sampling.admit(self.scheduler, wait)
+        for seq in added:
             if seq.params.n > 1 and not self.config.enable_prefix_caching:
                 self._add_siblings(self.requests[seq.request_id])
-        if not failed:
-            return []
-        for seq, message in failed:
-            logger.warning("request %s finishes (abort): %s", seq.request_id, message)
         updates = [SequenceUpdate(seq.request_id, index, [], None, 0.0, FinishReason.ABORT, None, 0)
                    for seq, _ in failed for index in range(seq.params.n)]
         self.abort_requests([seq.request_id for seq, _ in failed])
@@ -320,6 +315,7 @@ class EngineCore:
         """Build the step's inputs and hand it to the runner (launch only, when async)."""
         sampling = out.sampling
         batch = None
+        defer_sampling = False
         if sampling:
             rows = []
             for entry in sampling:
@@ -327,8 +323,10 @@ class EngineCore:
                 rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
                                         seq.prompt_token_ids, seq.output_token_ids))
             batch = self.sampling_builder.build(rows)
-            if self.structured_outputs.active:             # structured outputs: the grammars' masks
-                batch.token_bitmask = self.structured_outputs.fill_bitmask([s.seq for s in sampling])  # type: ignore[misc]
+            if self.grammar_sampling.active:               # structured outputs: the grammars' masks
+                defer_sampling = self.async_scheduling and self._num_penalty_requests == 0
+                if not defer_sampling:                     # synchronous steps: fill it now
+                    batch.token_bitmask = self.grammar_sampling.bitmask_now([s.seq for s in sampling])  # type: ignore[misc]
         prev_index = None
         if previous is not None and previous.out.sampling:
             prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
@@ -340,6 +338,7 @@ class EngineCore:
                 if seq.prompt_logprobs is not None and seq.params.prompt_logprobs is not None:
                     prompt_widths[seq.seq_id] = seq.params.prompt_logprobs
         step_input = self.step_builder.build(out, batch, prev_index, prompt_widths)
+        step_input.defer_sampling = defer_sampling
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
@@ -350,6 +349,8 @@ class EngineCore:
         if self.async_scheduling:
             executor.launch(step_input)
             self._num_uncollected += 1
+            if defer_sampling:
+                self.grammar_sampling.launched_unsampled([s.seq for s in sampling])  # type: ignore[misc]
         else:
             launched.result = executor.execute(step_input)
             if launched.result is None:
@@ -416,6 +417,7 @@ class EngineCore:
         self._open_steps = []
         self._inflight = None
         self.scheduler.discard_pending()
+        self.grammar_sampling.drop(self.executor)        # structured outputs: a step launched unsampled
         while self._num_uncollected > 0 and self.executor is not None:
             self._num_uncollected -= 1
             try:

@@ -275,9 +275,10 @@ class SamplingParams:
 
     @property
     def needs_output_token_ids(self) -> bool:
-        """The sampler reads the output so far (penalties, bad words, a grammar's token bitmask):
-        no step may run ahead (these requests turn async scheduling off while they run)."""
-        return self.has_penalties or bool(self.bad_words) or self.structured_outputs is not None
+        """The sampler reads the output so far (penalties, bad words): no step may run ahead (these
+        requests turn async scheduling off while they run). A grammar's bitmask needs it too, but
+        the engine fills that while the forward runs (ModelRunner.sample), so it keeps async."""
+        return self.has_penalties or bool(self.bad_words)
 
     def needs_every_token(self, *, stream: bool, detokenizes: bool) -> bool:
         """Whether the engine core reports this request's tokens after every step (else once, when

@@ -93,6 +93,7 @@ class StepInput:
     prev_rows: np.ndarray | None = None   # [K] int64 rows of input_ids that are placeholders ...
     prev_src: np.ndarray | None = None    # [K] int64 ... for the previous step's sampled id at this index
     prompt_logprobs: PromptLogprobsBatch | None = None   # never set on a decode step
+    defer_sampling: bool = False   # stop at the logits: the runner's sample() takes the token bitmask
 
     @property
     def num_tokens(self) -> int:

@@ -5,7 +5,9 @@ Stage 1 splits each row's vocabulary over several programs (`num_chunks` per row
 fp32, divides by the row's temperature, adds the hash noise, and writes its (best value, first
 index) pair. Stage 2 reduces the per-chunk pairs of each row. A row with temperature <= 0 takes
 the argmax of the raw logits (no noise). Row keys (from seed and position) and token keys are
-computed in the kernel, so the common path is two launches.
+computed in the kernel, so the common path is two launches. A structured-output token bitmask
+([S, ceil(V/32)] int32, bit j of word w allows token 32w + j) is read in stage 1: a token it does
+not allow is -inf, as the torch path's masked_fill makes it.
 
 Bit-exactness with the torch reference (sampler_hash.sample_tokens_torch): the hash is the same uint32 arithmetic
 (uint32 wraps mod 2**32, the torch path masks to 32 bits); the division is IEEE round-to-nearest
@@ -63,9 +65,10 @@ def _row_key(seeds_ptr, positions_ptr, row):
 
 
 @triton.jit
-def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """(max value, its first index) of logits[start:end] (/ temp + noise when NOISE)."""
+def _chunk_argmax(row_ptr, mask_row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl.constexpr,
+                  HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+    """(max value, its first index) of logits[start:end] (/ temp + noise when NOISE; -inf where the
+    bitmask row clears the token's bit, when HAS_MASK)."""
     lanes = tl.arange(0, BLOCK)
     temps = tl.full([BLOCK], 0.0, tl.float32) + temp  # [BLOCK]: div_rn gets equal shapes
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -74,6 +77,9 @@ def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl
         offs = off + lanes
         mask = offs < end
         val = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        if HAS_MASK:
+            words = tl.load(mask_row_ptr + (offs >> 5), mask=mask, other=0)   # int32, 32 tokens each
+            val = tl.where(((words >> (offs & 31)) & 1) != 0, val, float("-inf"))
         if NOISE:
             if SCALE:
                 val = tl.math.div_rn(val, temps)
@@ -92,25 +98,26 @@ def _chunk_argmax(row_ptr, start, end, key, temp, NOISE: tl.constexpr, SCALE: tl
 # Only builtins and our own jit helpers inside the kernels: triton.language's @jit helpers
 # (tl.zeros, tl.max, ...) cannot run under TRITON_INTERPRET=1 once triton was imported without it.
 @triton.jit(do_not_specialize=["num_chunks"])  # 8..64 by batch size: one variant for all
-def _partial_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, positions_ptr, part_val_ptr,
-                    part_idx_ptr, vocab, chunk, num_chunks, ALL_GREEDY: tl.constexpr,
-                    SCALE: tl.constexpr, BLOCK: tl.constexpr):
+def _partial_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, positions_ptr, mask_ptr, stride_mask,
+                    part_val_ptr, part_idx_ptr, vocab, chunk, num_chunks, ALL_GREEDY: tl.constexpr,
+                    SCALE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     start = c * chunk
     end = tl.minimum(start + chunk, vocab)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    mask_row_ptr = mask_ptr + row.to(tl.int64) * stride_mask
     if ALL_GREEDY:
-        top, idx = _chunk_argmax(row_ptr, start, end, 0, 1.0, False, False, BLOCK)
+        top, idx = _chunk_argmax(row_ptr, mask_row_ptr, start, end, 0, 1.0, False, False, HAS_MASK, BLOCK)
     else:
         temp = 1.0
         if SCALE:
             temp = tl.load(temps_ptr + row).to(tl.float32)
         if temp > 0.0:
             key = _row_key(seeds_ptr, positions_ptr, row)
-            top, idx = _chunk_argmax(row_ptr, start, end, key, temp, True, SCALE, BLOCK)
+            top, idx = _chunk_argmax(row_ptr, mask_row_ptr, start, end, key, temp, True, SCALE, HAS_MASK, BLOCK)
         else:
-            top, idx = _chunk_argmax(row_ptr, start, end, 0, 1.0, False, False, BLOCK)
+            top, idx = _chunk_argmax(row_ptr, mask_row_ptr, start, end, 0, 1.0, False, False, HAS_MASK, BLOCK)
     tl.store(part_val_ptr + row * num_chunks + c, top)
     tl.store(part_idx_ptr + row * num_chunks + c, idx)
 
@@ -140,12 +147,14 @@ def default_num_chunks(num_rows: int, vocab: int, block: int) -> int:
 
 def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                   temperatures: torch.Tensor | None = None, *, all_greedy: bool = False,
-                  block: int = 1024, num_chunks: int | None = None) -> torch.Tensor:
+                  token_bitmask: torch.Tensor | None = None, block: int = 1024,
+                  num_chunks: int | None = None) -> torch.Tensor:
     """Gumbel-max draw per row: [S, V] logits (any float dtype) -> [S] int64 token ids.
 
     temperatures [S]: each row is divided by its temperature before the noise; rows <= 0 take
     argmax(logits). None: the logits are already scaled and every row gets noise.
-    all_greedy: argmax of every row (no noise, temperatures not read). No host sync.
+    all_greedy: argmax of every row (no noise, temperatures not read).
+    token_bitmask [S, ceil(V/32)] int32: only the tokens whose bit is set may be drawn. No host sync.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [S, V], got shape {tuple(logits.shape)}")
@@ -164,9 +173,19 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     part_idx = torch.empty(num_rows, chunks, dtype=torch.int32, device=logits.device)
     scale = temperatures is not None
     temps = temperatures if scale else seeds  # unread when SCALE is off
+    has_mask = token_bitmask is not None
+    if token_bitmask is not None and (token_bitmask.dtype != torch.int32 or token_bitmask.dim() != 2
+                                      or token_bitmask.shape[0] != num_rows
+                                      or token_bitmask.shape[1] * 32 < vocab):
+        raise ValueError(f"token_bitmask must be [{num_rows}, >= {triton.cdiv(vocab, 32)}] int32, got "
+                         f"{tuple(token_bitmask.shape)} {token_bitmask.dtype}")
+    if token_bitmask is not None and token_bitmask.stride(1) != 1:
+        token_bitmask = token_bitmask.contiguous()
+    mask = token_bitmask if token_bitmask is not None else seeds  # unread when HAS_MASK is off
     _partial_kernel[(num_rows, chunks)](
-        logits, logits.stride(0), temps, seeds, positions, part_val, part_idx, vocab, chunk,
-        chunks, ALL_GREEDY=all_greedy, SCALE=scale, BLOCK=block, num_warps=4)
+        logits, logits.stride(0), temps, seeds, positions, mask, mask.stride(0), part_val, part_idx,
+        vocab, chunk, chunks, ALL_GREEDY=all_greedy, SCALE=scale, HAS_MASK=has_mask, BLOCK=block,
+        num_warps=4)
     rows_per_program = 16
     _reduce_kernel[(triton.cdiv(num_rows, rows_per_program),)](
         part_val, part_idx, out, num_rows, chunks, vocab, ROWS=rows_per_program,

@@ -10,8 +10,9 @@ so a seeded row draws the same token whatever batch, row or device-step it runs 
 
 Which stages run is decided by Python flags in `SamplingTensors` (set by the engine from the
 requests' parameters), never by tensor values, so a step never waits on the device. On CUDA a
-step with temperature-only sampling (no penalties, bans, filters or logprobs) skips the torch
-stages: nv_kernels.sampler_kernel draws from the raw (bf16) logits in two launches.
+step with temperature-only sampling (no penalties, bans, filters or logprobs; a grammar's bitmask
+at most) skips the torch stages: nv_kernels.sampler_kernel draws from the raw (bf16) logits in two
+launches, reading the bitmask there.
 Ideas from vLLM's sampler (penalty semantics, sort-based top-k/top-p) and Gumbel-max sampling.
 """
 from __future__ import annotations
@@ -195,9 +196,12 @@ def _load_fused_module() -> ModuleType | None:
 
 
 def fast_path_applies(t: SamplingTensors) -> bool:
-    """True when a step needs nothing but temperature (or greedy) sampling: no penalties, bans,
-    filters or logprobs. Then the fused kernel reads the logits once, in their own dtype."""
-    if t.any_penalties or t.any_logits_processing or t.need_logprobs or t.num_logprobs > 0:
+    """True when a step needs nothing but temperature (or greedy) sampling, under a grammar's token
+    bitmask at most: no penalties, bans, bias, filters or logprobs. Then the fused kernel reads the
+    logits once, in their own dtype (and the bitmask)."""
+    if t.any_penalties or t.need_logprobs or t.num_logprobs > 0:
+        return False
+    if t.allowed_token_ids is not None or t.banned_token_ids is not None or t.logit_bias_ids is not None:
         return False
     return t.all_greedy or not (t.any_top_k or t.any_top_p or t.any_min_p)
 
@@ -238,7 +242,7 @@ class Sampler(nn.Module):
         fused = self._fused_kernels(logits.device)
         if fused is not None and fast_path_applies(t):
             token_ids = fused.sample_tokens(logits, t.seeds, t.positions, t.temperatures,
-                                            all_greedy=t.all_greedy)
+                                            all_greedy=t.all_greedy, token_bitmask=t.token_bitmask)
             return SamplerOutput(token_ids, None, None, None, None)
         if logits.dtype != torch.float32:
             logits = logits.float()

@@ -12,6 +12,8 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Protocol, Self, cast
 
+import numpy as np
+
 from nv_engine.executor.distributed import dist_in_use
 from nv_engine.step import StepInput, StepResult
 
@@ -86,6 +88,10 @@ class Executor(ABC):
     def launch(self, step: StepInput) -> None:
         """Queue one step on every rank; its result comes from the matching `collect()`."""
         self.run_on_all_ranks("launch", step)
+
+    def sample(self, token_bitmask: np.ndarray | None) -> None:
+        """Sample, on every rank, the step launched with defer_sampling (its result from `collect()`)."""
+        self.run_on_all_ranks("sample", token_bitmask)
 
     def collect(self) -> StepResult | None:
         """Rank 0's result of the oldest launched, uncollected step."""

@@ -5,6 +5,11 @@ A step is `launch(step)` (stage inputs with numpy into pinned memory, one copy p
 model: a CUDA graph for pure decode, eager otherwise, sample on the device, start the copy of the
 sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
 does both; an engine that overlaps steps can call launch for step N+1 before collect of step N.
+
+A step launched with `StepInput.defer_sampling` stops at the logits; `sample(token_bitmask)` then
+samples it with a structured-output bitmask the host filled while the forward ran (the mask of
+step N+1 needs step N's ids on the host; the forward of N+1 does not). Nothing else is launched
+in between: the next `launch` takes its input ids from this step's sampled ids.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
 import torch
@@ -30,7 +35,7 @@ from nv_engine.runner.kv_scales import KVScaleSetter
 from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, cuda_memory_state, graph_reserve
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
-from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, StepInput, StepResult
+from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, SamplingBatch, StepInput, StepResult
 from nv_kernels import get_backend
 from nv_kernels.kv_quant import is_fp8
 from nv_layers.attention import Attention
@@ -44,7 +49,7 @@ from nv_layers.parallel_state import (
     release_custom_all_reduce,
     tp_group_aborted,
 )
-from nv_layers.sampler import Sampler, compute_logprobs
+from nv_layers.sampler import Sampler, SamplingTensors, compute_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +82,14 @@ def runner_device(config: EngineConfig, rank: int) -> torch.device:
         return torch.device(config.device)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+
+
+class _UnsampledStep(NamedTuple):
+    """A step launched with defer_sampling: its logits wait for `sample()`."""
+
+    logits: torch.Tensor                               # [S, V]
+    sampling: SamplingBatch | None
+    prompt_logprobs: PromptLogprobsResult | None
 
 
 class ModelRunner:
@@ -116,6 +129,7 @@ class ModelRunner:
                                   max_num_seqs=self.max_batch, device=self.device)
         self.results = ResultCopier(self.max_batch, self.device)
         self.last_sampled: torch.Tensor | None = None   # [S] sampled ids of the last launched step
+        self.unsampled: _UnsampledStep | None = None     # a defer_sampling step waiting for sample()
         # With the symmetric-memory all-reduce, rank 0 polls an event per launched step instead of
         # blocking on it: a dead peer's barrier never returns (see parallel_state.mark_tp_group_aborted).
         self.launched_events: deque[torch.cuda.Event] = deque()
@@ -296,7 +310,11 @@ class ModelRunner:
     def launch(self, step: StepInput) -> None:
         """Queue one step on the device; sampled ids are copied back asynchronously (collect()).
         Input ids at step.prev_rows are taken on the device from the previous launched step's
-        sampled ids (an engine that schedules step N+1 before it has step N's tokens)."""
+        sampled ids (an engine that schedules step N+1 before it has step N's tokens).
+        step.defer_sampling: stop at the logits; `sample()` samples them."""
+        if self.unsampled is not None:
+            self.unsampled = None
+            raise RuntimeError("launch() after a defer_sampling step that was never sampled")
         batch = step.num_seqs
         graphs = self.graphs if step.is_decode else None
         padded = graphs.padded_size(batch) if graphs is not None else None
@@ -321,11 +339,28 @@ class ModelRunner:
                 self.results.start(None, prompt_logprobs)
                 self._record_launched()
             return
+        if step.defer_sampling:
+            self.unsampled = _UnsampledStep(logits, step.sampling, prompt_logprobs)
+            return
+        self._sample(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]), prompt_logprobs)
+
+    @torch.inference_mode()
+    def sample(self, token_bitmask: np.ndarray | None) -> None:
+        """Sample the step launched with defer_sampling, with this [S, ceil(V/32)] int32 bitmask
+        (None: no row has a grammar); its ids come from the matching `collect()`."""
+        step, self.unsampled = self.unsampled, None
+        if step is None:
+            raise RuntimeError("sample() without a step launched with defer_sampling")
+        tensors = self.sampling_tensors.for_step(step.sampling, step.logits.shape[0], token_bitmask)
+        self._sample(step.logits, tensors, step.prompt_logprobs)
+
+    def _sample(self, logits: torch.Tensor, tensors: SamplingTensors,
+                prompt_logprobs: PromptLogprobsResult | None) -> None:
         # Every rank samples: the logits are bitwise identical on all ranks (the LM head's all-gather
         # and the all-reduces sum in the same order everywhere) and the draw is a hash of (seed,
         # position), so every rank holds the same ids and takes the next step's input ids from its
         # own copy without a host round trip. Only rank 0 copies them back to the host.
-        out = self.sampler(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]))
+        out = self.sampler(logits, tensors)
         self.last_sampled = out.token_ids                                 # [S] on the device
         if self.is_driver:
             self.results.start(out, prompt_logprobs)
@@ -389,6 +424,7 @@ class ModelRunner:
             layer.k_cache = torch.empty(0)
             layer.v_cache = torch.empty(0)
         self.kv_caches = []
+        self.unsampled = None
         self.launched_events.clear()
         if self.device.type == "cuda" and not tp_group_aborted():   # aborted: the device may never finish
             torch.cuda.synchronize(self.device)

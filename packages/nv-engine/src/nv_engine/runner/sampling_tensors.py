@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from nv_engine.runner.pinned_stage import PinnedStage
 from nv_engine.step import SamplingBatch
 from nv_layers.sampler import SamplingTensors
 
@@ -17,10 +18,17 @@ class SamplingTensorsSource:
         self.device = torch.device(device)
         self._static_id = 0
         self._static: dict[str, torch.Tensor] = {}
+        self._bitmask_stage = PinnedStage(self.device)
 
-    def for_step(self, batch: SamplingBatch | None, num_rows: int) -> SamplingTensors:
-        """The sampler's tensors for a step of `num_rows` sampling rows: greedy without a batch."""
-        return self.greedy(num_rows) if batch is None else self.get(batch)
+    def for_step(self, batch: SamplingBatch | None, num_rows: int,
+                 token_bitmask: np.ndarray | None = None) -> SamplingTensors:
+        """The sampler's tensors for a step of `num_rows` sampling rows: greedy without a batch.
+        token_bitmask: a structured-output bitmask given apart from the batch (it replaces the
+        batch's own)."""
+        tensors = self.greedy(num_rows) if batch is None else self.get(batch)
+        if token_bitmask is not None:
+            tensors.token_bitmask = self._bitmask_stage.upload(token_bitmask)
+        return tensors
 
     def get(self, batch: SamplingBatch) -> SamplingTensors:
         if batch.static_id != self._static_id:
@@ -30,8 +38,8 @@ class SamplingTensorsSource:
         extra = {name: self._to_device(value) for name in
                  ("prompt_token_ids", "output_token_ids", "banned_token_ids")
                  if (value := getattr(batch, name)) is not None}
-        if batch.token_bitmask is not None:   # [S, ceil(V/32)]: megabytes; from pinned memory, no host wait
-            extra["token_bitmask"] = self._to_device(batch.token_bitmask, pinned=True)
+        if batch.token_bitmask is not None:   # [S, ceil(V/32)]: megabytes; via pinned memory, no host wait
+            extra["token_bitmask"] = self._bitmask_stage.upload(batch.token_bitmask)
         return SamplingTensors(seeds=seeds_positions[0], positions=seeds_positions[1],
                                **self._static, **extra, **batch.flags)
 
@@ -63,8 +71,5 @@ class SamplingTensorsSource:
                 (num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=device),
             all_greedy=False, any_greedy=True, any_top_k=True, any_top_p=True, any_min_p=True)
 
-    def _to_device(self, array: np.ndarray, pinned: bool = False) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        if pinned and self.device.type == "cuda":
-            tensor = tensor.pin_memory()   # torch's caching host allocator: reused once the copy is done
-        return tensor.to(self.device, non_blocking=True)
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)

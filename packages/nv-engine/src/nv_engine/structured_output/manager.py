@@ -8,19 +8,28 @@ The engine core calls, per request and per step:
    to the scheduler now) and those whose compile failed (to finish with an error). wait=True (the
    scheduler has nothing to run) blocks briefly for the next compile instead of spinning.
 3. `fill_bitmask(seqs)` when a step's sampling rows are built: the [S, ceil(V/32)] int32 token
-   bitmask for the step (StepInput.sampling.token_bitmask), None when no row has a grammar.
+   bitmask for the step (StepInput.sampling.token_bitmask), None when no row has a grammar;
+   `fill_bitmask_async(seqs)` the same in a worker thread (xgrammar fills without the GIL), while
+   the engine does other work.
 4. `accept(seqs, token_ids)` after the step's tokens are appended: advances each row's matcher and
    names the sequences to finish (the grammar terminated: stop; a token it rejects: abort).
 5. `remove_request(request_id)` when a request finishes or is aborted.
-A row's bitmask needs the row's previous token, so steps with grammar requests run synchronously:
-SamplingParams.needs_output_token_ids is true for them, which turns async scheduling off while they
-run (as penalties do). Preemption keeps a sequence's output, and so its matcher's state.
+A row's bitmask needs the row's previous token: with async scheduling the engine launches the
+forward of step N+1 first, then accepts step N's tokens and fills step N+1's bitmask while the
+device runs it, and samples step N+1 after (ModelRunner.sample). Preemption keeps a sequence's
+output, and so its matcher's state.
+
+Fills and accepts go through xgrammar.BatchGrammarMatcher: one call per step, rows in parallel
+threads, into one of two preallocated buffers (alternating, so the engine may fill step N+1's
+while step N's is being sent). Rows without a grammar allow every token; finished rows too (their
+token is dropped).
 """
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -39,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 # How long release(wait=True) blocks for a compile before the engine loop looks at its commands again.
 RELEASE_WAIT_SECONDS = 0.05
+# Threads of one batched bitmask fill: half the cores (xgrammar's "auto"), at most this many.
+MAX_FILL_THREADS = 8
 
 
 @dataclass
@@ -62,6 +73,17 @@ class StructuredOutputManager:
         self._held: dict[str, tuple[Future[xgrammar.CompiledGrammar], EngineSequence]] = {}
         self._grammars: dict[str, xgrammar.CompiledGrammar] = {}   # request id -> its compiled grammar
         self._matchers: dict[int, xgrammar.GrammarMatcher] = {}    # seq id -> its matcher
+        # seq ids whose matcher took a stop token: terminated (xgrammar ends a grammar only so), kept
+        # here so a step asks xgrammar nothing per row
+        self._terminated: set[int] = set()
+        self._stop_token_ids = frozenset(self._eos_token_ids)
+        self._batch_matcher: xgrammar.BatchGrammarMatcher | None = None
+        self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
+        self._next_bitmask = 0
+        self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
+        # False: fill_bitmask_async fills in the caller's thread (then only the device's forward
+        # overlaps the fill, not the engine's own work; for comparing the two)
+        self.fill_in_worker = True
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -119,18 +141,56 @@ class StructuredOutputManager:
     # ---- 3. building a step ------------------------------------------------------------------
     def fill_bitmask(self, seqs: Sequence[EngineSequence]) -> np.ndarray | None:
         """[S, ceil(V/32)] int32 for the step's sampling rows (bit j of word w allows token
-        32 * w + j; rows without a grammar allow every token); None when no row has a grammar."""
+        32 * w + j; rows without a grammar, or finished, allow every token); None when no row has a
+        grammar. The array is one of two reused buffers: valid until the next fill but one."""
+        rows = self._fill_rows(seqs)
+        return None if rows is None else self._fill(self._bitmask_buffer(len(seqs)), *rows)
+
+    def fill_bitmask_async(self, seqs: Sequence[EngineSequence]) -> Future[np.ndarray | None]:
+        """fill_bitmask in a worker thread (the matchers must not advance until it is done)."""
+        rows = self._fill_rows(seqs)
+        if rows is None or not self.fill_in_worker:
+            done: Future[np.ndarray | None] = Future()
+            done.set_result(None if rows is None else self._fill(self._bitmask_buffer(len(seqs)), *rows))
+            return done
+        if self._fill_pool is None:
+            self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nv-grammar-fill")
+        return self._fill_pool.submit(self._fill, self._bitmask_buffer(len(seqs)), *rows)
+
+    def _fill_rows(self, seqs: Sequence[EngineSequence]
+                   ) -> tuple[xgrammar.BatchGrammarMatcher, list[xgrammar.GrammarMatcher], list[int]] | None:
+        """(the batch filler, the matchers to fill, their rows); None when no row has a grammar."""
         if not self._grammars:
             return None
-        bitmask = None
+        matchers, rows = [], []
         for row, seq in enumerate(seqs):
             matcher = self._matcher(seq)
-            if matcher is None:
-                continue
-            if bitmask is None:
-                bitmask = np.full((len(seqs), self.bitmask_width), -1, dtype=np.int32)
-            matcher.fill_next_token_bitmask(bitmask, row)
+            if matcher is not None and not seq.is_finished and seq.seq_id not in self._terminated:
+                matchers.append(matcher)
+                rows.append(row)
+        return (self.batch_matcher, matchers, rows) if matchers else None
+
+    @staticmethod
+    def _fill(bitmask: np.ndarray, filler: xgrammar.BatchGrammarMatcher, matchers: list[xgrammar.GrammarMatcher],
+              rows: list[int]) -> np.ndarray:
+        """Fill `bitmask` ([S, W]): all ones, then each matcher's row (what a worker thread runs)."""
+        bitmask[...] = -1
+        filler.batch_fill_next_token_bitmask(matchers, bitmask, rows)
         return bitmask
+
+    def _bitmask_buffer(self, num_rows: int) -> np.ndarray:
+        if not self._bitmasks or self._bitmasks[0].shape[0] < num_rows:
+            self._bitmasks = [np.empty((num_rows, self.bitmask_width), dtype=np.int32) for _ in range(2)]
+        self._next_bitmask = 1 - self._next_bitmask
+        return self._bitmasks[self._next_bitmask][:num_rows]
+
+    @property
+    def batch_matcher(self) -> xgrammar.BatchGrammarMatcher:
+        matcher = self._batch_matcher
+        if matcher is None:
+            threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
+            matcher = self._batch_matcher = import_xgrammar().BatchGrammarMatcher(max_threads=threads)
+        return matcher
 
     def _matcher(self, seq: EngineSequence) -> xgrammar.GrammarMatcher | None:
         matcher = self._matchers.get(seq.seq_id)
@@ -149,20 +209,28 @@ class StructuredOutputManager:
         under ignore_eos or min_tokens), ABORT where the token breaks the grammar (a ban such as min_tokens left
         the row nothing the grammar allows)."""
         to_finish: list[tuple[EngineSequence, FinishReason]] = []
-        if not self._matchers:
-            return to_finish
+        rows: list[tuple[EngineSequence, int]] = []
+        matchers: list[xgrammar.GrammarMatcher] = []
+        get_matcher, terminated = self._matchers.get, self._terminated
         for seq, token_id in zip(seqs, token_ids, strict=True):
-            matcher = self._matchers.get(seq.seq_id)
-            if matcher is None or matcher.is_terminated():
-                continue
-            if not matcher.accept_token(int(token_id)):
+            matcher = get_matcher(seq.seq_id)
+            if matcher is not None and seq.seq_id not in terminated:
+                rows.append((seq, int(token_id)))
+                matchers.append(matcher)
+        if not rows:
+            return to_finish
+        accepted = import_xgrammar().BatchGrammarMatcher.batch_accept_token(
+            matchers, [token_id for _, token_id in rows])
+        for (seq, token_id), ok in zip(rows, accepted, strict=True):
+            if not ok:
                 logger.warning("request %s: sampled token %d is outside its grammar; finishing it",
                                seq.request_id, token_id)
                 if not seq.is_finished:
                     to_finish.append((seq, FinishReason.ABORT))
-                continue
-            if not seq.is_finished and matcher.is_terminated():
-                to_finish.append((seq, FinishReason.STOP))
+            elif token_id in self._stop_token_ids:   # accepted a stop token: the grammar ended
+                terminated.add(seq.seq_id)
+                if not seq.is_finished:
+                    to_finish.append((seq, FinishReason.STOP))
         return to_finish
 
     # ---- 5. end of a request -----------------------------------------------------------------
@@ -172,8 +240,12 @@ class StructuredOutputManager:
         self._grammars.pop(request_id, None)
         for seq_id in seq_ids:
             self._matchers.pop(seq_id, None)
+            self._terminated.discard(seq_id)
 
     def shutdown(self) -> None:
         if self._compiler is not None:
             self._compiler.shutdown()
+        if self._fill_pool is not None:
+            self._fill_pool.shutdown(wait=True, cancel_futures=True)
+            self._fill_pool = None
 
