@@ -257,7 +257,7 @@ class AsyncLLM:
                 pass
         delivering = time.perf_counter()
         self._deliver(deliveries)
-        self.client.timer.add("deliver", time.perf_counter() - delivering)
+        self.client.note_delivery(core_outputs.engine_index, time.perf_counter() - delivering)
         if failed:
             self._forget_stats(failed)
         self.record_stats(core_outputs, processed.request_outputs, arrivals)

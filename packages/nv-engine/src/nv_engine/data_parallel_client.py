@@ -142,6 +142,10 @@ class DataParallelCoreClient:
             return list(self._load)
 
     # ---- frontend -> cores -------------------------------------------------------------------
+    def note_delivery(self, engine_index: int, seconds: float) -> None:
+        """The frontend's delivery time for one OUTPUTS message, on the timer of the core that sent it."""
+        self.clients[engine_index].note_delivery(0, seconds)
+
     def add_requests(self, requests: list[EngineCoreRequest]) -> list[int]:
         """Send each request to its core; returns the core index of each, in order. EngineDeadError
         when no core is alive (then none was sent)."""

@@ -135,6 +135,11 @@ class EngineCoreClient:
         return self.dead_reason is None and not self._closing
 
     # ---- frontend -> core --------------------------------------------------------------------
+    def note_delivery(self, engine_index: int, seconds: float) -> None:
+        """The frontend's time handing one OUTPUTS message's results to its consumers (engine_index is
+        always 0 here: one core)."""
+        self.timer.add("deliver", seconds)
+
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
         self._send(CoreMessage.ADD, requests)
 
