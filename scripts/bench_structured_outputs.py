@@ -101,15 +101,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sync", action="store_true", help="also run both kinds with async scheduling off")
-    parser.add_argument("--fill-inline", action="store_true",
-                        help="fill the grammar bitmask in the engine's thread, not a worker thread")
+    parser.add_argument("--fill-in-worker", action="store_true",
+                        help="fill the grammar bitmask in a worker thread, not the engine's thread")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     gguf = args.gguf or str(default_gguf_path())
     batch = requests(args.requests)
     results = []
     with LLM(gguf, dtype="bfloat16", max_model_len=1024, max_num_seqs=max(64, args.requests)) as llm:
-        llm.llm_engine.core.structured_outputs.fill_in_worker = not args.fill_inline
+        llm.llm_engine.core.structured_outputs.fill_in_worker = args.fill_in_worker
         for grammar in (False, True):
             run(llm, batch[:8], 32, grammar)        # warm-up
         for async_scheduling in (True, False) if args.sync else (True,):

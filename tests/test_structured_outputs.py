@@ -208,11 +208,11 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
 
     overlapped = run()
     assert len(sampled_apart) > 10 and any(b is not None for b in sampled_apart)   # the overlap ran
-    core.structured_outputs.fill_in_worker = False   # the bitmask filled in the engine's thread
+    core.structured_outputs.fill_in_worker = True    # the bitmask filled in a worker thread
     try:
         assert run() == overlapped
     finally:
-        core.structured_outputs.fill_in_worker = True
+        core.structured_outputs.fill_in_worker = False
     assert core.async_scheduling
     core.async_scheduling = False            # every step synchronous, the bitmask filled before it
     try:

@@ -81,9 +81,11 @@ class StructuredOutputManager:
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
         self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
-        # False: fill_bitmask_async fills in the caller's thread (then only the device's forward
-        # overlaps the fill, not the engine's own work; for comparing the two)
-        self.fill_in_worker = True
+        # False (the default): fill_bitmask_async fills in the caller's thread, after the forward was
+        # launched, so the device's forward overlaps the fill. True: in a worker thread, so the engine's own
+        # work overlaps it too; off by default: one H200 run of scripts/bench_structured_outputs.py failed
+        # with the worker fill (a step's sampled ids matched to another step), not reproduced on CPU.
+        self.fill_in_worker = False
 
     @property
     def compiler(self) -> GrammarCompiler:
