@@ -180,9 +180,9 @@ class AsyncLLM:
         except BaseException:
             self._forget([r.request_id for r in core_requests])
             raise
-        stream = OutputStream(self, [r.request_id for r in core_requests], queue)
-        stream.engine_indices = engine_indices or [0] * len(core_requests)
-        return stream
+        output_stream = OutputStream(self, [r.request_id for r in core_requests], queue)
+        output_stream.engine_indices = engine_indices or [0] * len(core_requests)
+        return output_stream
 
     def _prepare_all(self, requests: Sequence[tuple[str, Prompt, SamplingParams | None]]
                      ) -> list[tuple[str | None, list[int], SamplingParams]]:
