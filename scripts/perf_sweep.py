@@ -49,22 +49,29 @@ def timed_decode(engine, steps: int) -> float:
     return time.perf_counter() - t
 
 
-def profile_step(llm_eager, out: Path) -> str:
-    engine = llm_eager.llm_engine
-    ids = fill_decode(engine, 256, 1024, 64, "prof")
-    for _ in range(3):
+def profile_decode_kernels(engine, batch: int, ctx: int, warmup: int, steps: int) -> dict[str, tuple[float, float]]:
+    """`batch` sequences of `ctx` prompt tokens in decode; `steps` steps under torch.profiler. Returns kernel name ->
+    (GPU us per step, launches per step)."""
+    ids = fill_decode(engine, batch, ctx, warmup + steps + 10, "prof")
+    for _ in range(warmup):
         engine.step()
-    steps = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
     engine.abort_request(ids)
-    rows = {}
+    rows: dict[str, tuple[float, float]] = {}
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
         if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
-            rows[ev.key] = rows.get(ev.key, 0.0) + t / steps
+            us, count = rows.get(ev.key, (0.0, 0.0))
+            rows[ev.key] = (us + t / steps, count + ev.count / steps)
+    return rows
+
+
+def profile_step(llm_eager, out: Path) -> str:
+    kernels = profile_decode_kernels(llm_eager.llm_engine, 256, 1024, warmup=3, steps=5)
+    rows = {name: us for name, (us, _) in kernels.items()}
     total = sum(rows.values())
     lines = ["| kernel | time per step (us) | share |", "|---|---|---|"]
     for name, t in sorted(rows.items(), key=lambda kv: -kv[1])[:25]:

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from perf_sweep import fill_decode, timed_decode
+from perf_sweep import fill_decode, profile_decode_kernels, timed_decode
 
 from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
 from nv_engine.entrypoints.bench import checkpoint_parameters, copy_bandwidth
@@ -56,21 +56,7 @@ def batch_one_ms(engine, prompt_len: int, steps: int) -> float:
 
 
 def profile_batch_one(engine, out: Path) -> dict:
-    ids = fill_decode(engine, 1, 512, 200, "prof")
-    for _ in range(5):
-        engine.step()
-    steps = 20
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            engine.step()
-        torch.cuda.synchronize()
-    engine.abort_request(ids)
-    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[ev.key][0] += t / steps
-            per_kernel[ev.key][1] += ev.count / steps
+    per_kernel = profile_decode_kernels(engine, 1, 512, warmup=5, steps=20)
     classes: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for name, (t, n) in per_kernel.items():
         classes[kernel_class(name)][0] += t

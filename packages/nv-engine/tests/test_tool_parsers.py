@@ -13,12 +13,13 @@ from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
 from nv_engine.entrypoints.server.chat_output_plan import ChatOutputPlan
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.errors import APIError
-from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, ToolCall
+from nv_engine.entrypoints.server.protocol import ChatCompletionRequest
 from nv_engine.entrypoints.server.reasoning.qwen3_reasoning_parser import Qwen3ReasoningParser
 from nv_engine.entrypoints.server.tool_parsers.hermes_tool_parser import HermesToolParser
 from nv_engine.entrypoints.server.tool_parsers.llama3_json_tool_parser import Llama3JsonToolParser
 from nv_engine.entrypoints.server.tool_parsers.named_function_tool_parser import NamedFunctionToolParser
 from nv_engine.entrypoints.server.tool_parsers.required_tool_parser import RequiredToolParser
+from nv_engine.entrypoints.server.tool_protocol import ToolCall
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
            "required": ["city"]}

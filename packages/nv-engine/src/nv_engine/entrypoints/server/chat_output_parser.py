@@ -10,13 +10,11 @@ from nv_engine.entrypoints.server.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
-    FunctionCall,
-    ToolCall,
-    random_tool_call_id,
 )
 from nv_engine.entrypoints.server.reasoning.reasoning_parser import ReasoningParser, ReasoningSplit
 from nv_engine.entrypoints.server.tool_parsers.parsed_output import ParsedOutput
 from nv_engine.entrypoints.server.tool_parsers.tool_parser import ToolParser
+from nv_engine.entrypoints.server.tool_protocol import FunctionCall, ToolCall, random_tool_call_id
 
 
 @dataclass

@@ -14,12 +14,13 @@ from typing import Any
 from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.errors import APIError
-from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, ChatTool, NamedToolChoice
+from nv_engine.entrypoints.server.protocol import ChatCompletionRequest
 from nv_engine.entrypoints.server.reasoning.registry import REASONING_PARSERS
 from nv_engine.entrypoints.server.tool_parsers.named_function_tool_parser import NamedFunctionToolParser
 from nv_engine.entrypoints.server.tool_parsers.registry import TOOL_PARSERS
 from nv_engine.entrypoints.server.tool_parsers.required_tool_parser import RequiredToolParser
 from nv_engine.entrypoints.server.tool_parsers.tool_parser import ToolParser
+from nv_engine.entrypoints.server.tool_protocol import ChatTool, NamedToolChoice
 
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
