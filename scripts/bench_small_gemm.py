@@ -7,7 +7,7 @@ SiLU-and-mul kernel after it) and each configuration. Each timing is a CUDA grap
 through enough copies of the weight (and of x) that every call reads its weight from HBM, not from the
 50 MB L2 of an H200; microseconds per call are the median over graph replays. Prints per shape: torch us,
 best skinny us and its configuration, the weight's GB/s, the speedup; writes JSON, and with --table the
-winners as `TUNED_CONFIGS` entries to paste into nv_kernels/skinny_gemm.py.
+winners as `TUNED_CONFIGS` entries to paste into nv_kernels/skinny_gemm_config.py.
 The projections after a norm (qkv, gate_up) are also timed with the add + RMSNorm: the unfused pair (the
 fused_norm kernel, then the faster of torch and the best skinny configuration) against `skinny_norm_gemm`
 with the configuration the layers choose and with the three fastest plain configurations.
@@ -32,14 +32,12 @@ from triton.runtime.errors import OutOfResources
 from nv_kernels.fused_act import silu_and_mul_triton
 from nv_kernels.fused_norm import rms_norm_triton
 from nv_kernels.skinny_gemm import (
-    SkinnyGemmConfig,
-    choose_config,
-    heuristic_config,
     skinny_gemm,
     skinny_gemm_torch,
     skinny_norm_gemm,
     skinny_norm_gemm_torch,
 )
+from nv_kernels.skinny_gemm_config import SkinnyGemmConfig, choose_config, heuristic_config
 from nv_kernels.testing import relative_error
 
 DTYPE = torch.bfloat16

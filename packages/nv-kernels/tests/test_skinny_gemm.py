@@ -21,14 +21,18 @@ import torch
 from nv_kernels.fused_dispatch import fused_ops
 from nv_kernels.skinny_gemm import (
     MAX_M,
-    SkinnyGemmConfig,
-    choose_config,
-    heuristic_config,
     set_skinny_gemm,
     skinny_gemm_applies,
     skinny_gemm_torch,
     skinny_norm_gemm_applies,
     skinny_norm_gemm_torch,
+)
+from nv_kernels.skinny_gemm_config import (
+    DEFAULT_NUM_SMS,
+    TUNED_CONFIGS,
+    SkinnyGemmConfig,
+    choose_config,
+    heuristic_config,
 )
 from nv_kernels.split_k_workspace import SplitKWorkspace
 from nv_kernels.testing import interpreted_triton_modules, relative_error
@@ -64,7 +68,7 @@ def check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor |
 def interp() -> Iterator[ModuleType]:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs triton")
-    with interpreted_triton_modules("nv_kernels.skinny_gemm") as (module,):
+    with interpreted_triton_modules("nv_kernels.skinny_gemm_kernel", "nv_kernels.skinny_gemm") as (_, module):
         yield module
 
 
@@ -223,9 +227,7 @@ def test_rejects_what_it_cannot_compute(interp: ModuleType) -> None:
 
 
 def test_heuristic_covers_the_machine_and_tuned_configs_win(monkeypatch: pytest.MonkeyPatch) -> None:
-    import nv_kernels.skinny_gemm as skinny
-
-    sms = skinny.DEFAULT_NUM_SMS
+    sms = DEFAULT_NUM_SMS
     # 0.6B down (N 1024, K 3072) and o (N 1024, K 2048): 64 column blocks of 16, so K is split.
     for k in (3072, 2048):
         cfg = heuristic_config(1024, k, 1, gated=False, num_sms=sms)
@@ -235,20 +237,18 @@ def test_heuristic_covers_the_machine_and_tuned_configs_win(monkeypatch: pytest.
     assert gate_up.split_k == 1 and gate_up.block_n == 32 and gate_up.use_dot
     assert not heuristic_config(4096, 1024, 1, gated=False, num_sms=sms).use_dot   # M = 1: the CUDA-core GEMV
     tuned = SkinnyGemmConfig(block_n=64, block_k=128, split_k=2, num_warps=8)
-    monkeypatch.setitem(skinny.TUNED_CONFIGS, (4096, 1024, 4, False), tuned)
-    monkeypatch.delitem(skinny.TUNED_CONFIGS, (4096, 1024, 8, False), raising=False)
+    monkeypatch.setitem(TUNED_CONFIGS, (4096, 1024, 4, False), tuned)
+    monkeypatch.delitem(TUNED_CONFIGS, (4096, 1024, 8, False), raising=False)
     assert choose_config(4096, 1024, 3, gated=False) is tuned              # M 3 is in the bucket of 4
     assert choose_config(4096, 1024, 8, gated=False) is not tuned
 
 
 def test_a_shape_where_torch_measured_faster_keeps_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import nv_kernels.skinny_gemm as skinny
-
     x, w, _ = operands(4, 32, 16, torch.bfloat16, False)
     with fused_ops("on"):
-        monkeypatch.setitem(skinny.TUNED_CONFIGS, (16, 32, 4, False), SkinnyGemmConfig())
+        monkeypatch.setitem(TUNED_CONFIGS, (16, 32, 4, False), SkinnyGemmConfig())
         assert skinny_gemm_applies(x, w)
-        monkeypatch.setitem(skinny.TUNED_CONFIGS, (16, 32, 4, False), None)
+        monkeypatch.setitem(TUNED_CONFIGS, (16, 32, 4, False), None)
         assert not skinny_gemm_applies(x, w)
         g = torch.ones(32, dtype=torch.bfloat16)
         assert skinny_norm_gemm_applies(x, x, g, w) and skinny_norm_gemm_applies(x, None, g, w)   # 2 kernels -> 1

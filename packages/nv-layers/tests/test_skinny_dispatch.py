@@ -16,6 +16,7 @@ import nv_layers.decoder as decoder
 import nv_layers.linear as linear
 from nv_kernels import fused_ops, get_backend
 from nv_kernels import skinny_gemm as skinny
+from nv_kernels.skinny_gemm_kernel import skinny_gemm_kernel
 from nv_kernels.testing import relative_error
 from nv_layers import forward_context
 from nv_layers.decoder import DecoderForCausalLM, GatedMLP, LayerOptions
@@ -24,7 +25,7 @@ from nv_layers.testing import cacheless_prefill_context
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available()
-    or type(skinny._skinny_gemm_kernel).__name__ != "InterpretedFunction",
+    or type(skinny_gemm_kernel).__name__ != "InterpretedFunction",
     reason="needs the Triton interpreter on a machine without a GPU (the GPU runs the kernels in their own tests)")
 
 VOCAB, HIDDEN, LAYERS = 40, 32, 2   # layer 0 has no residual yet, layer 1 adds it

@@ -1,141 +1,35 @@
-"""Skinny GEMM for small-batch decode: y[M, N] = x[M, K] @ W[N, K]^T for M <= 16, in Triton.
+"""Skinny GEMM for small-batch decode: y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 (the Triton kernel and its
+variants: nv_kernels.skinny_gemm_kernel), and `skinny_norm_gemm`, the same GEMM with the add + RMSNorm before
+it fused into its prologue. Numerics as torch's path in the model dtype (fp32 accumulation, rounded where
+torch rounds); `skinny_gemm_torch` / `skinny_norm_gemm_torch` are the references.
 
-At decode batch sizes a linear layer is bound by streaming its weight from HBM once; cuBLAS's tiles for
-small M reach about a third of the bandwidth on Qwen3-0.6B's projections (H200). Here each program owns
-BLOCK_N output columns and streams their weight rows W[BLOCK_N, K] along K (contiguous, 16-byte loads);
-x (M x K) is tiny and stays in cache. Shapes with few column blocks (N = 1024, K = 3072) split K over
-SPLIT_K programs per block: each writes fp32 partial sums into a persistent workspace and bumps the block's
-arrival counter; the last to arrive adds the partials up in split order (deterministic), applies the epilogue
-and resets the counter to 0 (one kernel per GEMM, no fill per call: CUDA-graph safe; see split_k_workspace).
-
-Variants (constexpr):
-  USE_DOT   M padded to 16 and tl.dot on the tensor cores; else a broadcast multiply-reduce on the CUDA
-            cores with M padded to a power of two (for M = 1 the classic GEMV, x broadcast over the tile).
-  GATED     the gate_up projection of a SwiGLU MLP with SiLU-and-mul fused: W holds [gate; up] stacked
-            (N_w = 2 I rows, as MergedColumnParallelLinear stores them); output column j needs rows j and
-            j + I, and out[M, I] = silu(gate) * up.
-  HAS_BIAS  y += bias (N_w entries) before the epilogue.
-  HAS_NORM  `skinny_norm_gemm`: the add + RMSNorm before the projection in the prologue; every program
-            computes its rows' rstd over the full K (x rows are tiny and cache-resident), one program writes
-            h = x + residual, and the K tiles are normalised as they are loaded (fused_norm's roundings).
-Numerics as torch's path in the model dtype: fp32 accumulation, the GEMM result (plus bias) rounded to the
-dtype; gated: silu in fp32 rounded to the dtype, the product in fp32 rounded once more (nv_kernels.fused_act).
-
-`SkinnyGemmConfig` is a launch configuration; `choose_config` reads `TUNED_CONFIGS` (keyed by the weight
-shape and the M bucket, filled from scripts/bench_small_gemm.py on the GPU) and falls back to a heuristic.
-The layers dispatch here when `skinny_gemm_applies`; NV_SKINNY_GEMM=0 (or `set_skinny_gemm(False)`)
-turns the dispatch off for A/B runs.
-Only builtins and jit helpers of this module inside the kernels (see fused_norm's note on the interpreter).
+Launch configurations come from nv_kernels.skinny_gemm_config (`choose_config`: the tuned table, else a
+heuristic). The layers dispatch here when `skinny_gemm_applies` / `skinny_norm_gemm_applies`;
+NV_SKINNY_GEMM=0 (or `set_skinny_gemm(False)`) turns the dispatch off for A/B runs.
 """
-# Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
-# num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
-# pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
-# pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
 from __future__ import annotations
 
-import functools
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nv_kernels.fused_dispatch import fused_ops_enabled, next_power_of_2, triton_jit
+from nv_kernels.fused_dispatch import fused_ops_enabled
 from nv_kernels.fused_norm import rms_norm_torch
+from nv_kernels.skinny_gemm_config import TUNED_CONFIGS, SkinnyGemmConfig, choose_config, m_bucket
+from nv_kernels.skinny_gemm_kernel import skinny_gemm_kernel
 from nv_kernels.split_k_workspace import SplitKWorkspace
-
-try:
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    tl = None
 
 _empty = torch.empty  # tests poison outputs through this hook
 WORKSPACE = SplitKWorkspace()                  # split-K partial sums and arrival counters, per device
 
 MAX_M = 16                                     # rows (tokens) the kernels take; more go to cuBLAS
 DTYPES = (torch.bfloat16, torch.float16)
-DEFAULT_NUM_SMS = 132                          # H100 / H200; the heuristic's target off CUDA (interpreter)
 # Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there the dot path upcasts
 # its tiles to fp32 first.
 _DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@dataclass(frozen=True)
-class SkinnyGemmConfig:
-    """One launch configuration. block_n: output columns per program (>= 16 with use_dot); block_k: the K
-    step of the loop; split_k: programs per column block along K (the last to finish reduces); use_dot: tl.dot
-    with M padded to 16, else the CUDA-core multiply-reduce."""
-
-    block_n: int = 16
-    block_k: int = 256
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    use_dot: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two, got {value}")
-        if self.use_dot and (self.block_n < 16 or self.block_k < 16):
-            raise ValueError("use_dot needs block_n and block_k of at least 16")
-        if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
-            raise ValueError(f"split_k, num_warps and num_stages must be positive: {self}")
-
-
-# (weight rows N_w, K, M bucket (next power of two of M), gated) -> the measured best configuration.
-# Filled from `scripts/bench_small_gemm.py --table` on the GPU; shapes not listed use the heuristic.
-# Measured on an H200 (2026-12-01, scripts/bench_small_gemm.py, weights read from HBM): the fastest
-# configuration per (weight rows, K, M bucket, gated), or None where torch's GEMM measured faster (the
-# layers then keep F.linear). The gated rows stay on the skinny GEMM even where F.linear + SiLU-and-mul
-# timed slightly faster alone: inside the decode step cuBLAS picked a 12.8 us kernel for that shape.
-_C = SkinnyGemmConfig   # (block_n, block_k, split_k, num_warps, num_stages, use_dot)
-TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig | None] = {
-    # key: (weight rows, K, M bucket, gated); comment: shape, torch us / best skinny us
-    (4096, 1024, 1, False): None,  # 0.6b qkv: 5.15 / 5.51
-    (4096, 1024, 2, False): None,  # 0.6b qkv: 5.35 / 5.56
-    (4096, 1024, 4, False): None,  # 0.6b qkv: 5.38 / 5.62
-    (4096, 1024, 8, False): None,  # 0.6b qkv: 5.37 / 5.58
-    (4096, 1024, 16, False): None,  # 0.6b qkv: 5.36 / 5.58
-    (1024, 2048, 1, False): _C(16, 512, 4, 4, 2, False),  # 0.6b o: 13.04 / 5.59
-    (1024, 2048, 2, False): _C(32, 128, 4, 4, 3, True),  # 0.6b o: 12.77 / 5.75
-    (1024, 2048, 4, False): _C(32, 128, 4, 4, 3, True),  # 0.6b o: 8.60 / 5.75
-    (1024, 2048, 8, False): _C(32, 256, 4, 4, 3, True),  # 0.6b o: 5.91 / 5.83
-    (1024, 2048, 16, False): _C(32, 256, 4, 4, 3, True),  # 0.6b o: 5.92 / 5.79
-    (6144, 1024, 1, True): _C(16, 512, 1, 4, 2, False),  # 0.6b gate_up: 7.52 / 7.76
-    (6144, 1024, 2, True): _C(32, 256, 1, 4, 3, True),  # 0.6b gate_up: 7.46 / 7.97
-    (6144, 1024, 4, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.50 / 8.05
-    (6144, 1024, 8, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.40 / 7.99
-    (6144, 1024, 16, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.66 / 8.00
-    (1024, 3072, 1, False): _C(16, 512, 4, 4, 2, False),  # 0.6b down: 7.43 / 6.33
-    (1024, 3072, 2, False): _C(32, 128, 8, 4, 3, True),  # 0.6b down: 7.43 / 6.57
-    (1024, 3072, 4, False): _C(32, 128, 8, 4, 3, True),  # 0.6b down: 7.54 / 6.52
-    (1024, 3072, 8, False): _C(32, 256, 4, 4, 3, True),  # 0.6b down: 7.58 / 6.45
-    (1024, 3072, 16, False): _C(32, 256, 4, 4, 3, True),  # 0.6b down: 7.71 / 6.51
-    (6144, 4096, 1, False): _C(16, 512, 1, 4, 2, False),  # 8b qkv: 16.43 / 15.54
-    (6144, 4096, 2, False): None,  # 8b qkv: 16.30 / 16.39
-    (6144, 4096, 4, False): None,  # 8b qkv: 16.28 / 16.46
-    (6144, 4096, 8, False): None,  # 8b qkv: 16.04 / 16.58
-    (6144, 4096, 16, False): None,  # 8b qkv: 16.13 / 16.70
-    (4096, 4096, 1, False): _C(16, 512, 1, 4, 2, False),  # 8b o: 13.54 / 12.65
-    (4096, 4096, 2, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.42 / 12.30
-    (4096, 4096, 4, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.51 / 12.26
-    (4096, 4096, 8, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.37 / 12.23
-    (4096, 4096, 16, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.62 / 12.32
-    (24576, 4096, 1, True): _C(32, 256, 1, 4, 2, False),  # 8b gate_up: 50.94 / 51.90
-    (24576, 4096, 2, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 51.24 / 48.69
-    (24576, 4096, 4, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 52.18 / 49.49
-    (24576, 4096, 8, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 56.93 / 49.67
-    (24576, 4096, 16, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 53.05 / 50.77
-    (4096, 12288, 1, False): _C(32, 512, 2, 4, 2, False),  # 8b down: 30.04 / 29.09
-    (4096, 12288, 2, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 30.95 / 27.91
-    (4096, 12288, 4, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 29.81 / 28.15
-    (4096, 12288, 8, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 30.81 / 28.40
-    (4096, 12288, 16, False): _C(32, 256, 2, 4, 3, True),  # 8b down: 29.15 / 28.62
-}
 
 
 def _switch_from_env() -> bool:
@@ -159,235 +53,6 @@ def set_skinny_gemm(enabled: bool) -> bool:
     return previous
 
 
-@triton_jit
-def _zero_sums(M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
-    """The running sums of one weight tile: [M_PAD, BLOCK_N] for tl.dot; the CUDA-core paths keep products
-    per K lane ([BLOCK_N, BLOCK_K] for the GEMV, [M_PAD, BLOCK_N, BLOCK_K] else) and reduce them once."""
-    if USE_DOT:
-        sums = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-    elif M_PAD == 1:
-        sums = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    else:
-        sums = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    return sums
-
-
-@triton_jit
-def _accumulate(sums, x, w, M_PAD: tl.constexpr, USE_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """sums += x [M_PAD, BLOCK_K] times w [BLOCK_N, BLOCK_K] in the layout of _zero_sums."""
-    if USE_DOT:
-        if DOT_IN_FP32:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        sums = tl.dot(x, tl.trans(w), sums)
-    elif M_PAD == 1:   # the GEMV: x [1, BLOCK_K] broadcasts over the tile, no 3-D layout to convert to
-        sums += w.to(tl.float32) * x.to(tl.float32)
-    else:
-        sums += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    return sums
-
-
-@triton_jit
-def _reduced(sums, M_PAD: tl.constexpr, USE_DOT: tl.constexpr):
-    """The [M_PAD, BLOCK_N] fp32 result of _zero_sums / _accumulate sums. tl.sum's own combine function:
-    compiled, the reduction tl.sum emits; interpreted, numpy's sum (one of this module would run per element)."""
-    if USE_DOT:
-        out = sums
-    elif M_PAD == 1:
-        out = tl.reduce(sums, 1, tl.standard._sum_combine)[None, :]
-    else:
-        out = tl.reduce(sums, 2, tl.standard._sum_combine)
-    return out
-
-
-@triton_jit
-def _row_rstd(X, RES, RES_OUT, rm, m_mask, stride_xm, stride_rm, stride_hm, K, eps, h_mask,
-              M_PAD: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """The norm prologue: 1 / rms of h = x (+ residual) over the whole row -> [M_PAD] fp32. The rows of
-    h_mask [M_PAD] (all rows in one program of the grid, none elsewhere) are also stored to RES_OUT. h is
-    rounded to the model dtype before it is squared, as nv_kernels.fused_norm rounds the residual add."""
-    rk = tl.arange(0, BLOCK_K)
-    squares = tl.zeros((M_PAD, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask = m_mask[:, None] & ((k0 + rk) < K)[None, :]
-        h = tl.load(X + rm[:, None] * stride_xm + k0 + rk[None, :], mask=mask, other=0.0)   # [M_PAD, BLOCK_K]
-        if HAS_RESIDUAL:
-            r = tl.load(RES + rm[:, None] * stride_rm + k0 + rk[None, :], mask=mask, other=0.0)
-            h = (h.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-            tl.store(RES_OUT + rm[:, None] * stride_hm + k0 + rk[None, :], h, mask=h_mask[:, None] & mask)
-        h32 = h.to(tl.float32)
-        squares += h32 * h32
-    return tl.rsqrt(tl.reduce(squares, 1, tl.standard._sum_combine) / K + eps)
-
-
-@triton_jit
-def _normed(x, r, norm_w, rstd, HAS_RESIDUAL: tl.constexpr):
-    """x tile [M_PAD, BLOCK_K] -> rms_norm(x + r) * norm_w, each step rounded as fused_norm rounds it."""
-    if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-    normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype)
-    return (normed.to(tl.float32) * norm_w.to(tl.float32)[None, :]).to(x.dtype)
-
-
-@triton_jit
-def _rows_times_x(x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi,
-                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-                  GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                  EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """sum over k in [k_lo, k_hi) of x[m, k] * w[n, k] -> [M_PAD, BLOCK_N] fp32, and with GATED the same
-    for the rows up_offset elements further (the up half) in the same loop; else the second result is the
-    first. x_ptrs [M_PAD, BLOCK_K] (r_ptrs alike) and w_ptrs [BLOCK_N, BLOCK_K] point at k = 0..BLOCK_K-1
-    of their rows, nw_ptrs [BLOCK_K] at the norm weight's. HAS_NORM: x is replaced by
-    rms_norm(x (+ r)) * norm_w with the row's rstd [M_PAD]."""
-    rk = tl.arange(0, BLOCK_K)
-    gate = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
-    up = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
-    # num_stages on the loop itself: the weight loads are software-pipelined (cp.async) on every path, not
-    # only where they feed tl.dot
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
-        if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
-            x_mask = m_mask[:, None]
-            w_mask = n_mask[:, None]
-            k_mask = rk < BLOCK_K
-        else:
-            k_mask = (k0 + rk) < k_hi
-            x_mask = m_mask[:, None] & k_mask[None, :]
-            w_mask = n_mask[:, None] & k_mask[None, :]
-        x = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)                              # [M_PAD, BLOCK_K]
-        w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)                              # [BLOCK_N, BLOCK_K]
-        if HAS_NORM:
-            r = x
-            if HAS_RESIDUAL:
-                r = tl.load(r_ptrs + k0, mask=x_mask, other=0.0)
-            norm_w = tl.load(nw_ptrs + k0, mask=k_mask, other=0.0)                    # [BLOCK_K]
-            x = _normed(x, r, norm_w, rstd, HAS_RESIDUAL)
-        if GATED:   # both tiles' loads in flight before either is used
-            w_up = tl.load(w_ptrs + up_offset + k0, mask=w_mask, other=0.0)
-            gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
-            up = _accumulate(up, x, w_up, M_PAD, USE_DOT, DOT_IN_FP32)
-        else:
-            gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
-    gate_sums = _reduced(gate, M_PAD, USE_DOT)
-    up_sums = gate_sums
-    if GATED:
-        up_sums = _reduced(up, M_PAD, USE_DOT)
-    return gate_sums, up_sums
-
-
-@triton_jit
-def _finish(acc, up, BIAS, OUT, cols, col_mask, N, GATED: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The epilogue on fp32 sums (acc: columns `cols`; up: columns N + cols when GATED) -> OUT's dtype."""
-    y = acc
-    if HAS_BIAS:
-        y += tl.load(BIAS + cols, mask=col_mask, other=0.0).to(tl.float32)
-    y = y.to(OUT.dtype.element_ty)                                        # the GEMM output, as torch rounds it
-    if GATED:
-        u = up
-        if HAS_BIAS:
-            u += tl.load(BIAS + N + cols, mask=col_mask, other=0.0).to(tl.float32)
-        u = u.to(OUT.dtype.element_ty).to(tl.float32)
-        g = y.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(OUT.dtype.element_ty).to(tl.float32)
-        y = (act * u).to(OUT.dtype.element_ty)
-    return y
-
-
-@triton_jit(do_not_specialize=["M"])   # the batch size varies; M_PAD is its compile-time bucket
-def _skinny_gemm_kernel(
-    X, RES, NORM_W, RES_OUT, W, BIAS, OUT, PART, COUNTERS, M, N, K, K_PER_SPLIT, stride_xm, stride_rm,
-    stride_hm, stride_wn, stride_om, stride_pm, stride_ps, up_offset, eps,
-    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-    GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-):
-    # X [M, K], W [N_w, K] (N_w = 2N when GATED), OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K).
-    # GATED: the up rows of these columns sit N rows (up_offset = N * stride_wn elements) further down.
-    # HAS_NORM: the GEMM's input is rms_norm(X (+ RES)) * NORM_W (RES, RES_OUT [M, K]; RES_OUT gets X + RES).
-    # SPLIT_K > 1: PART is fp32 [SPLIT_K, M, N_w] (stride_ps between splits) and COUNTERS int32
-    # [cdiv(N, BLOCK_N)], all 0 on entry: the last split of a column block to arrive reduces and finishes.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                          # [BLOCK_N] output columns
-    rm = tl.arange(0, M_PAD)                                              # [M_PAD] rows of x
-    rk = tl.arange(0, BLOCK_K)
-    n_mask = rn < N
-    m_mask = rm < M
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    rstd = tl.zeros((M_PAD,), dtype=tl.float32)
-    if HAS_NORM:   # one program of the grid writes the new residual stream
-        rstd = _row_rstd(X, RES, RES_OUT, rm, m_mask, stride_xm, stride_rm, stride_hm, K, eps,
-                         m_mask & ((rm * 0 + pid_n + pid_k) == 0), M_PAD, BLOCK_K, HAS_RESIDUAL)
-    x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
-    r_ptrs = RES + rm[:, None] * stride_rm + rk[None, :]
-    w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
-    acc, up = _rows_times_x(x_ptrs, r_ptrs, NORM_W + rk, rstd, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi,
-                            M_PAD, BLOCK_N, BLOCK_K, USE_DOT, GATED, HAS_NORM, HAS_RESIDUAL, EVEN_K,
-                            DOT_IN_FP32, NUM_STAGES)
-    mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
-    out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
-    if SPLIT_K == 1:
-        y = _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS)
-        tl.store(out_ptrs, y, mask=mask)
-    else:
-        part_ptrs = PART + rm[:, None] * stride_pm + rn[None, :]
-        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
-        if GATED:
-            tl.store(part_ptrs + pid_k * stride_ps + N, up, mask=mask)
-        tl.debug_barrier()   # every thread's partial stores precede the release below
-        arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")       # splits of this block done before
-        if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
-            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-            up = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
-                # .cg: read L2, never a line of this buffer an earlier call left in this SM's L1
-                acc += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    up += tl.load(part_ptrs + s * stride_ps + N, mask=mask, other=0.0, cache_modifier=".cg")
-            y = _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS)
-            tl.store(out_ptrs, y, mask=mask)
-            tl.atomic_xchg(COUNTERS + pid_n, 0)                            # ready for the next call
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_NUM_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _m_bucket(m: int) -> int:
-    return next_power_of_2(max(m, 1))
-
-
-@functools.lru_cache(maxsize=1024)
-def heuristic_config(weight_rows: int, k: int, m: int, gated: bool, num_sms: int = DEFAULT_NUM_SMS
-                     ) -> SkinnyGemmConfig:
-    """Enough programs to cover every SM: BLOCK_N 16 (32 when the columns alone give two waves), then
-    split K in two until the programs cover the SMs or a split would hold fewer than two K steps.
-    M = 1: the CUDA-core GEMV (no padded rows in shared memory); larger M on the tensor cores (padded to 16).
-    Both pipeline their weight loads over num_stages."""
-    n_out = weight_rows // 2 if gated else weight_rows
-    block_k = min(256, max(16, next_power_of_2(k)))
-    block_n = 32 if math.ceil(n_out / 32) >= 2 * num_sms else 16
-    column_blocks = math.ceil(n_out / block_n)
-    split_k = 1
-    while column_blocks * split_k < num_sms and k // (2 * split_k) >= 2 * block_k:
-        split_k *= 2
-    return SkinnyGemmConfig(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3,
-                            use_dot=m > 1)
-
-
-def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.device | None = None
-                  ) -> SkinnyGemmConfig:
-    """The tuned configuration of this shape and M bucket, else the heuristic's."""
-    tuned = TUNED_CONFIGS.get((weight_rows, k, _m_bucket(m), gated))
-    if tuned is not None:          # None (torch measured faster) only reaches here through a direct call
-        return tuned
-    num_sms = _num_sms(device) if device is not None else DEFAULT_NUM_SMS
-    return heuristic_config(weight_rows, k, m, gated, num_sms)
-
-
 def _rows_fit(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Switch on, bf16 / fp16 operands of one dtype that match, and 1..MAX_M rows."""
     if not _enabled or x.dtype not in DTYPES or weight.dtype != x.dtype or weight.dim() != 2 or x.dim() < 1:
@@ -402,7 +67,7 @@ def skinny_gemm_applies(x: Tensor, weight: Tensor, bias: Tensor | None = None) -
     is on, fused ops run on these tensors (CUDA), all are bf16 / fp16 of one dtype and x has 1..MAX_M rows."""
     if not _rows_fit(x, weight, bias):
         return False
-    key = (weight.shape[0], weight.shape[1], _m_bucket(math.prod(x.shape[:-1])), False)
+    key = (weight.shape[0], weight.shape[1], m_bucket(math.prod(x.shape[:-1])), False)
     if key in TUNED_CONFIGS and TUNED_CONFIGS[key] is None:
         return False               # torch measured faster at this plain shape
     return fused_ops_enabled(x, weight)
@@ -441,11 +106,11 @@ def skinny_gemm_torch(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, 
 def skinny_norm_gemm_torch(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
                            bias: Tensor | None = None, *, gated: bool = False) -> tuple[Tensor, Tensor]:
     """The reference: (skinny_gemm_torch(rms_norm(h)), h) with h = x + residual, or x without a residual."""
-    if residual is None:
+    if residual is None:   # one tensor back (rms_norm_torch's return type is the union of both forms)
         normed, h = rms_norm_torch(x, norm_weight, eps), x
     else:
         normed, h = rms_norm_torch(x, norm_weight, eps, residual)
-    return skinny_gemm_torch(normed, weight, bias, gated=gated), h
+    return skinny_gemm_torch(normed, weight, bias, gated=gated), h  # pyright: ignore[reportArgumentType]
 
 
 def _check(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool) -> None:
@@ -506,17 +171,17 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
     out2 = out.view(m, n_out)                                              # [M, N]
     h = None if residual is None else _empty(x.shape, dtype=x.dtype, device=x.device)
     if m == 0 or n_out == 0 or k == 0:
-        if h is not None:
+        if h is not None and residual is not None:
             h.copy_(x + residual)
         if m and n_out:
             gemm_in = x if norm_weight is None else rms_norm_torch(x if h is None else h, norm_weight, eps)
-            out.copy_(skinny_gemm_torch(gemm_in, weight, bias, gated=gated))
+            out.copy_(skinny_gemm_torch(gemm_in, weight, bias, gated=gated))  # pyright: ignore[reportArgumentType]
         return out, h
     res2 = x2 if residual is None else _rows(residual)                     # [M, K]
     h2 = x2 if h is None else h.view(m, k)
     norm_arg = norm_weight.contiguous() if norm_weight is not None else x2
     cfg = config if config is not None else choose_config(weight_rows, k, m, gated, x.device)
-    m_pad = 16 if cfg.use_dot else _m_bucket(m)
+    m_pad = 16 if cfg.use_dot else m_bucket(m)
     k_per_split = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k) * cfg.block_k
     split_k = math.ceil(k / k_per_split)                                   # no empty splits
     column_blocks = math.ceil(n_out / cfg.block_n)
@@ -527,7 +192,7 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
         counters = WORKSPACE.counters(x.device, column_blocks)
     else:
         partials, counters = x2, x2
-    _skinny_gemm_kernel[(column_blocks, split_k)](
+    skinny_gemm_kernel[(column_blocks, split_k)](
         x2, res2, norm_arg, h2, weight, bias_arg, out2, partials, counters, m, n_out, k, k_per_split,
         x2.stride(0), res2.stride(0), h2.stride(0), weight.stride(0), out2.stride(0), partials.stride(-2),
         partials.stride(0), n_out * weight.stride(0), float(eps),
