@@ -1,27 +1,16 @@
-"""Incremental detokenizer over a real byte-level BPE tokenizer trained offline in the test."""
+"""Incremental detokenizer over a real byte-level BPE tokenizer trained offline (tests/trained_tokenizers.py)."""
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from trained_tokenizers import train_byte_level_bpe
 from transformers import PreTrainedTokenizerFast
 
 from nv_engine.detokenizer import IncrementalDetokenizer, decode_token, find_stop_string
 
-CORPUS = ["hello world, this is a test of the tokenizer.", "héllo wörld ça va? naïve café",
-          "日本語のテキストです。中文文本。", "emoji 🙂🚀 and more 🙂",
-          "The quick brown fox jumps over the lazy dog."] * 20
-
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>", "<|im_start|>"])
-    tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+    return PreTrainedTokenizerFast(tokenizer_object=train_byte_level_bpe(), eos_token="<|endoftext|>",
                                    additional_special_tokens=["<|im_start|>"])
 
 

@@ -6,36 +6,21 @@ Llama-3 / Qwen style (NFC normalizer, regex split); a Metaspace (SentencePiece-s
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Literal
 
 import pytest
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from trained_tokenizers import CORPUS, train_byte_level_bpe
 from transformers import PreTrainedTokenizerFast
 
 from nv_engine.byte_level_vocab import ByteLevelVocab
 from nv_engine.detokenizer import IncrementalDetokenizer, decode_token
 
-CORPUS = ["hello world, this is a test of the tokenizer.", "héllo wörld ça va? naïve café",
-          "日本語のテキストです。中文文本。", "emoji 🙂🚀 and more 🙂", "def f(x):\n    return x + 1\n"] * 20
 TEXT = "naïve 🎉 日本語 ünïcödé ✨ ok 🙂 café\n\tdef g(): return 'x'"
-# GPT-4 / Llama-3 style split (Qwen's is the same shape)
-SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+"
 
 
-def _byte_level(style: str) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    if style == "qwen":
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    else:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>", "<|im_start|>"])
-    tok.train_from_iterator(CORPUS, trainer)
+def _byte_level(style: Literal["gpt2", "qwen"]) -> PreTrainedTokenizerFast:
+    tok = train_byte_level_bpe(style)
     # added tokens: ASCII and non-ASCII, special and not (Qwen's <think> is not special)
     tok.add_tokens([AddedToken("<think>", special=False), AddedToken("日本", special=False),
                     AddedToken("Ġx", special=False)])
