@@ -388,3 +388,40 @@ def test_gpu_norm_fused_cuda_graph_replays_with_new_inputs() -> None:
                 graph.replay()
                 eager, eager_h = skinny.skinny_norm_gemm(x, r, g, 1e-6, w, gated=gated, config=cfg)
                 assert torch.equal(out, eager) and torch.equal(h, eager_h)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_dependent_launch_chain_in_a_graph_equals_serial_launches() -> None:
+    """Six GEMMs at M = 1, each reading the previous one's output (split-K ones sharing the workspace's
+    counters), captured with programmatic dependent launch and replayed on new inputs: bit for bit what the
+    same chain gives launched without it. A kernel that read before its wait would see stale rows."""
+    from nv_kernels import dependent_launch
+    from nv_kernels import skinny_gemm as skinny
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    if not dependent_launch.dependent_launch_enabled(device, 1):
+        pytest.skip("no programmatic dependent launch on this GPU / triton")
+    split = SkinnyGemmConfig(block_n=16, block_k=256, split_k=4, use_dot=False)
+    gen = torch.Generator("cuda").manual_seed(7)
+    weights = [(torch.randn(1024, 1024, generator=gen, device="cuda") / 32).to(torch.bfloat16) for _ in range(6)]
+    x = torch.randn(1, 1024, generator=gen, device="cuda").to(torch.bfloat16)
+
+    def chain(inp: torch.Tensor) -> torch.Tensor:
+        for i, w in enumerate(weights):
+            inp = skinny.skinny_gemm(inp, w, config=split if i % 2 else None)
+        return inp
+
+    chain(x)                                                               # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x)
+    for seed in (1, 2, 3):
+        x.copy_(torch.randn(1, 1024, generator=torch.Generator("cuda").manual_seed(seed), device="cuda"))
+        graph.replay()
+        previous = dependent_launch.set_dependent_launch(False)
+        try:
+            serial = chain(x)
+        finally:
+            dependent_launch.set_dependent_launch(previous)
+        assert torch.equal(out, serial)

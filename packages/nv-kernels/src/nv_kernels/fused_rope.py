@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nv_kernels.dependent_launch import launch_options
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled, next_power_of_2, triton_jit
 from nv_kernels.fused_norm import rms_norm_torch
 from nv_kernels.kv_quant import check_scales, fp8_max, is_fp8, quantize, scale_strides
@@ -108,8 +109,11 @@ def _qk_norm_rope_kernel(
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr, HAS_TAIL: tl.constexpr,
     HAS_V: tl.constexpr, STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr, HQ_PAD: tl.constexpr,
     HKV_PAD: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    FP8_MAX: tl.constexpr,
+    FP8_MAX: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(POS + t).to(tl.int64)
     i = tl.arange(0, HALF_PAD)[None, :]                                     # [1, HALF]
@@ -221,7 +225,8 @@ def qk_norm_rope_triton(
             HAS_V=v3 is not None, STORE=store, BLOCK_SIZE=cache.shape[1] if store else 1, HQ_PAD=hq_pad,
             HKV_PAD=next_power_of_2(num_kv_heads), HALF_PAD=next_power_of_2(half),
             TAIL_PAD=next_power_of_2(max(head_dim - rotary_dim, 1)), D_PAD=d_pad,
-            FP8_MAX=fp8_max(cache.dtype) if fp8 else 0.0, num_warps=max(1, min(8, hq_pad * d_pad // 512)))
+            FP8_MAX=fp8_max(cache.dtype) if fp8 else 0.0, num_warps=max(1, min(8, hq_pad * d_pad // 512)),
+            **launch_options(q3.device, num_tokens))
     return q_out, k_out, v_out
 
 

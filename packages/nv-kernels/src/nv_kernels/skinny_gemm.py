@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nv_kernels.dependent_launch import launch_options
 from nv_kernels.fused_dispatch import fused_ops_enabled
 from nv_kernels.fused_norm import rms_norm_torch
 from nv_kernels.skinny_gemm_config import TUNED_CONFIGS, SkinnyGemmConfig, choose_config, m_bucket
@@ -30,6 +31,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 # Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there the dot path upcasts
 # its tiles to fp32 first.
 _DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
+PREFETCH_WEIGHTS = os.environ.get("NV_PDL_PREFETCH", "1") != "0"   # with dependent launch only
 
 
 def _switch_from_env() -> bool:
@@ -127,6 +129,14 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool) -> None:
         raise ValueError(f"bias must be [{weight.shape[0]}] of {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
 
 
+def _prefetch_lines(k_per_split: int) -> int:
+    """128-byte lines per weight row a program prefetches before it waits (dependent launch): its whole
+    K range, up to 64 lines (8 KB of a bf16 row); 0 (no prefetch) when NV_PDL_PREFETCH=0."""
+    if not PREFETCH_WEIGHTS:
+        return 0
+    return min(64, 1 << max(math.ceil(k_per_split / 64) - 1, 0).bit_length())
+
+
 def _rows(t: Tensor) -> Tensor:
     """t [..., K] as [M, K] with unit stride along K."""
     rows = t.reshape(-1, t.shape[-1])
@@ -192,6 +202,7 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
         counters = WORKSPACE.counters(x.device, column_blocks)
     else:
         partials, counters = x2, x2
+    pdl = launch_options(x.device, m)
     skinny_gemm_kernel[(column_blocks, split_k)](
         x2, res2, norm_arg, h2, weight, bias_arg, out2, partials, counters, m, n_out, k, k_per_split,
         x2.stride(0), res2.stride(0), h2.stride(0), weight.stride(0), out2.stride(0), partials.stride(-2),
@@ -199,5 +210,6 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
         M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
         HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0, DOT_IN_FP32=_DOT_IN_FP32, NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PREFETCH_LINES=_prefetch_lines(k_per_split) if pdl["USE_PDL"] else 0, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl)
     return out, h

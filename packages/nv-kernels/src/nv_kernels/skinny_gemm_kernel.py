@@ -171,6 +171,21 @@ def _finish(acc, up, BIAS, OUT, cols, col_mask, N, GATED: tl.constexpr, HAS_BIAS
     return y
 
 
+@triton_jit
+def _prefetch_weights(W, rn, n_mask, k_lo, k_hi, stride_wn, up_offset, N,
+                      GATED: tl.constexpr, PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for this program's weight rows [k_lo, k_hi) (128-byte lines, every 64th element; addresses
+    clamped into the weight) before the wait for the previous kernel: the weight streams from L2 after."""
+    rows = tl.minimum(rn, N - 1).to(tl.int64)                                 # [BLOCK_N]
+    cols = tl.minimum(k_lo + tl.arange(0, PREFETCH_LINES) * 64, k_hi - 1)     # [LINES]
+    ptrs = W + rows[:, None] * stride_wn + cols[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+    if GATED:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs + up_offset],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton_jit(do_not_specialize=["M"])   # the batch size varies; M_PAD is its compile-time bucket
 def skinny_gemm_kernel(
     X, RES, NORM_W, RES_OUT, W, BIAS, OUT, PART, COUNTERS, M, N, K, K_PER_SPLIT, stride_xm, stride_rm,
@@ -178,6 +193,7 @@ def skinny_gemm_kernel(
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
     # X [M, K], W [N_w, K] (N_w = 2N when GATED), OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K).
     # GATED: the up rows of these columns sit N rows (up_offset = N * stride_wn elements) further down.
@@ -193,6 +209,11 @@ def skinny_gemm_kernel(
     m_mask = rm < M
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    if USE_PDL:   # launched early (dependent_launch.py): weights into L2, then wait for the previous kernel
+        if PREFETCH_LINES > 0:
+            _prefetch_weights(W, rn, n_mask, k_lo, k_hi, stride_wn, up_offset, N, GATED, PREFETCH_LINES)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rstd = tl.zeros((M_PAD,), dtype=tl.float32)
     if HAS_NORM:   # one program of the grid writes the new residual stream
         rstd = _row_rstd(X, RES, RES_OUT, rm, m_mask, stride_xm, stride_rm, stride_hm, K, eps,

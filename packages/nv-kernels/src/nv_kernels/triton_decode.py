@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_quant import is_fp8, scale_strides
 
 LOG2E = 1.4426950408889634
@@ -67,7 +68,11 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, COMPUTE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -125,8 +130,11 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     PART_O, PART_LSE, OUT, stride_ob, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     head = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
@@ -216,6 +224,7 @@ def decode_attention(
         raise ValueError(f"an FP8 KV cache ({k_cache.dtype}) needs k_scale and v_scale")
     k_strides = scale_strides(k_scale) if k_scale is not None else (0, 0)
     v_strides = scale_strides(v_scale) if v_scale is not None else (0, 0)
+    pdl = launch_options(q.device, batch)
     _decode_split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
         seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
@@ -224,12 +233,12 @@ def decode_attention(
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
         FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), num_warps=num_warps or 4,
-        num_stages=num_stages or (4 if tile > block_size >= 32 else 2),
+        num_stages=num_stages or (4 if tile > block_size >= 32 else 2), **pdl,
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, hq)](
             part_o, part_lse, out, out.stride(0), out.stride(1),
             NUM_Q_HEADS=hq, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=num_splits,
-            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4, **pdl,
         )
     return out

@@ -1,0 +1,69 @@
+"""Programmatic dependent launch (PDL) for the decode step's Triton kernels (Hopper and newer).
+
+At small batches a decode step is ~200 short kernels, each a few microseconds; between two of them the
+GPU drains the first grid before it launches the second. With PDL (CUDA's programmatic stream
+serialization, kept by CUDA-graph capture) a kernel may launch while the previous one still runs:
+its programs start, set up their pointers and pull the weights they will stream into L2, then wait
+(`griddepcontrol.wait`) until the previous grid has finished and its writes are visible.
+
+The contract every kernel launched with `launch_options()` keeps (checked by reading, and by the GPU
+tests that compare graph replays with PDL on and off):
+- every program executes the wait before it reads anything an earlier kernel wrote and before it
+  writes anything, and no program exits before it has waited: a grid that completes has then waited
+  for its predecessor, so waits chain through the stream;
+- before the wait it only reads what no kernel writes during a step (weights) or prefetches.
+Measured on the H200 (Qwen3-0.6B shape, CUDA graphs): batch 1 1.105 -> 1.038 ms per token, but batch 16
+1.70 -> 1.81 ms per step (early-launched grids hold SM slots while they wait). So it applies to launches of
+at most MAX_TOKENS rows (tokens) only. `NV_PDL=0` turns it off, `NV_PDL_MAX_TOKENS` moves the limit; it is
+also off off CUDA, before compute capability 9.0, and without triton's support (triton >= 3.3).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+
+def _switch_from_env() -> bool:
+    value = os.environ.get("NV_PDL", "1").strip().lower()
+    if value not in ("0", "1", "off", "on", "false", "true", ""):
+        raise ValueError(f"NV_PDL={value!r}: use 1 (default) or 0")
+    return value not in ("0", "off", "false")
+
+
+_enabled = _switch_from_env()
+MAX_TOKENS = int(os.environ.get("NV_PDL_MAX_TOKENS", "1"))
+
+
+def set_dependent_launch(enabled: bool) -> bool:
+    """Turn PDL on or off for later launches (and graph captures); returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, enabled
+    return previous
+
+
+@functools.lru_cache(maxsize=8)
+def _device_supports(device: torch.device) -> bool:
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.language.extra import cuda as triton_cuda
+    except ImportError:
+        return False
+    return hasattr(triton_cuda, "gdc_wait") and hasattr(triton_cuda, "gdc_launch_dependents")
+
+
+def dependent_launch_enabled(device: torch.device, tokens: int) -> bool:
+    """Whether a kernel over `tokens` rows on this device launches with PDL (its USE_PDL constexpr)."""
+    return _enabled and tokens <= MAX_TOKENS and _device_supports(device)
+
+
+def launch_options(device: torch.device, tokens: int) -> dict[str, Any]:
+    """Keyword arguments for a Triton launch over `tokens` rows: USE_PDL for the kernel, launch_pdl for
+    the launcher."""
+    use = dependent_launch_enabled(device, tokens)
+    return {"USE_PDL": use, "launch_pdl": True} if use else {"USE_PDL": False}
