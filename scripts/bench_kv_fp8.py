@@ -3,7 +3,8 @@
     python3 scripts/bench_kv_fp8.py decode-bw [--block-size 64]
         paged decode attention (Qwen3-0.6B shape: Hq 16, Hkv 8, D 128) at batch 256 x context 1024 and
         batch 64 x context 4096, bf16 vs FP8 cache (scales per tensor, and per (KV head, channel) as the
-        engine calibrates them): KV bytes read / time, over the copy bandwidth.
+        engine calibrates them; V token-major as the engine stores it, and V laid out like K for
+        comparison): KV bytes read / time, over the copy bandwidth.
     python3 scripts/bench_kv_fp8.py long [--shape qwen3-0.6b] [--num-prompts 64] [--prompt-len 3000]
                                          [--output-len 384]
         end to end through LLM.generate (random weights), auto vs fp8: output tok/s, KV blocks.
@@ -26,6 +27,7 @@ def decode_bandwidth(block_size: int) -> None:
     import triton
     from triton.testing import do_bench
 
+    from nv_kernels.kv_layout import to_token_major
     from nv_kernels.kv_quant import quantize
     from nv_kernels.triton_decode import decode_attention
 
@@ -47,8 +49,10 @@ def decode_bandwidth(block_size: int) -> None:
         scale = torch.tensor([0.02], device="cuda")
         per_channel = torch.full((hkv, d), 0.02, device="cuda")   # the engine's calibrated scales: [Hkv, D]
         k8, v8 = quantize(k, scale, torch.float8_e4m3fn), quantize(v, scale, torch.float8_e4m3fn)
-        caches = {"bf16": (k, v, {}), "fp8_e4m3": (k8, v8, {"k_scale": scale, "v_scale": scale}),
-                  "fp8_e4m3_per_channel": (k8, v8, {"k_scale": per_channel, "v_scale": per_channel})}
+        v8_tokens = to_token_major(v8)   # the engine's FP8 layout (nv_kernels.kv_layout)
+        caches = {"bf16": (k, v, {}), "fp8_e4m3": (k8, v8_tokens, {"k_scale": scale, "v_scale": scale}),
+                  "fp8_e4m3_per_channel": (k8, v8_tokens, {"k_scale": per_channel, "v_scale": per_channel}),
+                  "fp8_e4m3_v_like_k": (k8, v8, {"k_scale": scale, "v_scale": scale})}
         for name, (kc, vc, scales) in caches.items():
             args = (q, kc, vc, lens, table, context, d ** -0.5)
             ms = do_bench(lambda args=args, scales=scales: decode_attention(*args, **scales), warmup=10, rep=100,

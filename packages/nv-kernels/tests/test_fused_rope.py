@@ -17,6 +17,7 @@ import torch
 import nv_kernels
 from nv_kernels.fused_dispatch import fused_ops, interpreted_copy
 from nv_kernels.fused_rope import qk_norm_rope_torch
+from nv_kernels.kv_layout import to_token_major
 from nv_kernels.kv_quant import quantize
 from nv_kernels.testing import fp8_code_agreement, relative_error
 
@@ -162,10 +163,14 @@ def test_cpu_dispatch_runs_the_torch_path() -> None:
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def run_fp8(fn: Any, c: Case, head_dim: int, fp8: torch.dtype, scales: tuple[torch.Tensor, torch.Tensor]):
-    """Norm + rope + store into FP8 caches (start: quantized sentinel) -> (k out, k cache, v cache)."""
+def run_fp8(fn: Any, c: Case, head_dim: int, fp8: torch.dtype, scales: tuple[torch.Tensor, torch.Tensor],
+            token_major: bool = False):
+    """Norm + rope + store into FP8 caches (start: quantized sentinel) -> (k out, k cache, v cache).
+    token_major: the V cache in the engine's FP8 layout (nv_kernels.kv_layout)."""
     k_cache = quantize(c.k_cache, scales[0], fp8)
     v_cache = quantize(c.v_cache, scales[1], fp8)
+    if token_major:
+        v_cache = to_token_major(v_cache)
     _, k, _ = fn(c.q, c.k, c.v, c.positions, c.cos_sin, head_dim=head_dim, rotary_dim=head_dim,
                  q_weight=c.q_weight, k_weight=c.k_weight, k_cache=k_cache, v_cache=v_cache, slot_mapping=c.slots,
                  k_scale=scales[0], v_scale=scales[1])
@@ -186,8 +191,8 @@ def test_interpreted_fp8_store(interp: ModuleType, poisoned: None, fp8: torch.dt
     if per_channel:   # [Hkv, D]: each channel 1/4..4 times the per-tensor scale, so a misplaced scale shows
         gen = torch.Generator().manual_seed(3)
         scales = tuple(s * 2.0 ** torch.randint(-2, 3, (2, 16), generator=gen).float() for s in scales)
-    k, k_cache, v_cache = run_fp8(interp.qk_norm_rope_triton, c, 16, fp8, scales)
-    rk, rk_cache, rv_cache = run_fp8(qk_norm_rope_torch, c, 16, fp8, scales)
+    k, k_cache, v_cache = run_fp8(interp.qk_norm_rope_triton, c, 16, fp8, scales, token_major=per_channel)
+    rk, rk_cache, rv_cache = run_fp8(qk_norm_rope_torch, c, 16, fp8, scales)   # the usual layout
     check_close(k, rk)
     for got, want, scale in ((k_cache, rk_cache, scales[0]), (v_cache, rv_cache, scales[1])):
         assert (got.view(torch.uint8) == want.view(torch.uint8)).float().mean() > 0.8
@@ -212,7 +217,7 @@ def test_gpu_fp8_store_matches_torch(monkeypatch: pytest.MonkeyPatch, fp8: torch
     monkeypatch.setattr(fused_rope, "_empty", nan_empty)
     c = make_case(num_tokens, 16, 8, 128, 128, torch.bfloat16, block_size=64, device="cuda", seed=num_tokens)
     scales = (torch.tensor([0.01], device="cuda"), torch.tensor([0.004], device="cuda"))
-    k, k_cache, v_cache = run_fp8(fused_rope.qk_norm_rope_triton, c, 128, fp8, scales)
+    k, k_cache, v_cache = run_fp8(fused_rope.qk_norm_rope_triton, c, 128, fp8, scales, token_major=True)
     rk, rk_cache, rv_cache = run_fp8(qk_norm_rope_torch, c, 128, fp8, scales)
     check_close(k, rk, min_exact=0.98)
     for got, want in ((k_cache, rk_cache), (v_cache, rv_cache)):

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from nv_kernels.kv_layout import to_token_major, v_strides_token_major
 from nv_kernels.kv_quant import dequantize, quantize
 from nv_kernels.testing import PagedBatch, interpreted_triton_modules, random_paged_batch, relative_error
 from nv_kernels.torch_backend import TorchBackend
@@ -140,19 +141,25 @@ def _fp8_batch(b: PagedBatch, dtype: torch.dtype, per_channel: bool = False,
     return quantize(b.k_cache, k_scale, dtype), quantize(b.v_cache, v_scale, dtype), k_scale, v_scale
 
 
-# (cache dtype, block size, splits, q dtype, per-channel scales); a 16-bit q runs the float16 dots
-FP8_DECODE_CASES = [(torch.float8_e4m3fn, 4, 1, torch.float32, False),
-                    (torch.float8_e4m3fn, 16, 4, torch.bfloat16, True),
-                    (torch.float8_e5m2, 1, 3, torch.float16, True)]
+# (cache dtype, block size, splits, q dtype, per-channel scales, V token-major as the engine allocates an FP8
+# cache, nv_kernels.kv_layout); a 16-bit q runs the float16 dots
+FP8_DECODE_CASES = [(torch.float8_e4m3fn, 4, 1, torch.float32, False, False),
+                    (torch.float8_e4m3fn, 16, 4, torch.bfloat16, True, True),
+                    (torch.float8_e5m2, 1, 3, torch.float16, True, True),
+                    (torch.float8_e4m3fn, 4, 2, torch.bfloat16, False, True)]   # 16-token tiles over 4-token pages
 TOL_16BIT = 4e-3   # q * k_scale and the probabilities rounded to float16
 
 
-@pytest.mark.parametrize("dtype,block_size,num_splits,q_dtype,per_channel", FP8_DECODE_CASES)
+@pytest.mark.parametrize("dtype,block_size,num_splits,q_dtype,per_channel,token_major", FP8_DECODE_CASES)
 def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype, block_size: int,
-                                      num_splits: int, q_dtype: torch.dtype, per_channel: bool) -> None:
+                                      num_splits: int, q_dtype: torch.dtype, per_channel: bool,
+                                      token_major: bool) -> None:
     seq_lens = [1, 37, 16, 5]
     b = _batch(seq_lens, [1] * len(seq_lens), (4, 2), block_size, seed=block_size + 11)
     k_cache, v_cache, k_scale, v_scale = _fp8_batch(b, dtype, per_channel)
+    if token_major:   # the slots past each sequence hold NaN: the unmasked token-major loads must drop them
+        v_cache = to_token_major(v_cache)
+        assert v_strides_token_major(v_cache) == (block_size > 1)
     q = b.q.to(q_dtype)
     out = kernels["decode"].decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, max_seqlen_k=128,
                                              scale=0.25, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
@@ -166,13 +173,17 @@ def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torc
     assert relative_error(ref.float(), dense.float()) < TOL
 
 
-@pytest.mark.parametrize("dtype,block_size,q_dtype,per_channel", [(torch.float8_e4m3fn, 16, torch.float32, True),
-                                                                  (torch.float8_e5m2, 1, torch.bfloat16, False)])
+@pytest.mark.parametrize("dtype,block_size,q_dtype,per_channel,token_major",
+                         [(torch.float8_e4m3fn, 16, torch.float32, True, True),
+                          (torch.float8_e5m2, 1, torch.bfloat16, False, False)])
 def test_fp8_store_then_prefill_matches_reference(kernels: dict, poisoned: None, dtype: torch.dtype,
-                                                  block_size: int, q_dtype: torch.dtype, per_channel: bool) -> None:
+                                                  block_size: int, q_dtype: torch.dtype, per_channel: bool,
+                                                  token_major: bool) -> None:
     hq, hkv, d = 8, 2, 16
     b = _batch([6, 20, 13, 7], [6, 20, 5, 1], (hq, hkv), block_size, seed=block_size + 3)
     k_cache, v_cache, _, _ = _fp8_batch(b, dtype)
+    if token_major:
+        v_cache = to_token_major(v_cache)
     k_scale, v_scale = torch.tensor([0.25]), torch.tensor([2.0 ** -9])   # powers of two: x / scale is exact
     if per_channel:   # [Hkv, D], still powers of two
         k_scale = k_scale * 2.0 ** torch.randint(-3, 4, (hkv, d), generator=torch.Generator().manual_seed(1))

@@ -16,6 +16,8 @@ Only builtins and this module's jit helpers inside the kernels (see fused_norm's
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
 # pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
 # pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
+# pyright: reportAttributeAccessIssue=false
+# (that last one: tl.extra.cuda, which triton exposes at run time only)
 from __future__ import annotations
 
 import torch
@@ -24,6 +26,7 @@ from torch import Tensor
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled, next_power_of_2, triton_jit
 from nv_kernels.fused_norm import rms_norm_torch
+from nv_kernels.kv_layout import cache_layout_supported
 from nv_kernels.kv_quant import check_scales, fp8_max, is_fp8, quantize, scale_strides
 
 try:
@@ -104,8 +107,8 @@ def _norm_rope_heads(
 def _qk_norm_rope_kernel(
     Q, K, V, POS, COS_SIN, QW, KW, Q_OUT, K_OUT, V_OUT, SLOTS, K_CACHE, V_CACHE, K_SCALE, V_SCALE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_kot, stride_vot,
-    stride_cos, stride_cb, stride_cs, stride_ch, stride_ksh, stride_ksd, stride_vsh, stride_vsd, eps,
-    num_q_heads, num_kv_heads,
+    stride_cos, stride_cb, stride_cs, stride_ch, stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    stride_ksh, stride_ksd, stride_vsh, stride_vsd, eps, num_q_heads, num_kv_heads,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr, HAS_TAIL: tl.constexpr,
     HAS_V: tl.constexpr, STORE: tl.constexpr, BLOCK_SIZE: tl.constexpr, HQ_PAD: tl.constexpr,
     HKV_PAD: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, D_PAD: tl.constexpr,
@@ -137,10 +140,10 @@ def _qk_norm_rope_kernel(
         tl.store(V_OUT + t * stride_vot + h * HEAD_DIM + d, v, mask=mv)
         if STORE:
             keep = tl.full([HKV_PAD, D_PAD], 0, tl.int64) + slot >= 0
-            cdst = V_CACHE + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
+            cdst = V_CACHE + (slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs
             v_scales = V_SCALE + h * stride_vsh + d * stride_vsd                # [Hkv, D] pointers
-            tl.store(cdst + h * stride_ch + d, _to_cache(v, v_scales, mv & keep, FP8_MAX, V_CACHE.dtype.element_ty),
-                     mask=mv & keep)
+            tl.store(cdst + h * stride_vch + d * stride_vcd,
+                     _to_cache(v, v_scales, mv & keep, FP8_MAX, V_CACHE.dtype.element_ty), mask=mv & keep)
 
 
 def _heads(x: Tensor, head_dim: int) -> Tensor:
@@ -172,10 +175,10 @@ def _check(q: Tensor, k: Tensor, v: Tensor | None, positions: Tensor, cos_sin_ca
 
 
 def can_store_into(k_cache: Tensor, v_cache: Tensor, num_kv_heads: int, head_dim: int) -> bool:
-    """True when qk_norm_rope_triton can write k/v into these caches ([NB, BS, Hkv, D], equal strides)."""
+    """True when qk_norm_rope_triton can write k/v into these caches ([NB, BS, Hkv, D]; V with K's strides or
+    token-major, `kv_layout.py`)."""
     return (k_cache.dim() == 4 and k_cache.numel() > 0 and tuple(k_cache.shape[2:]) == (num_kv_heads, head_dim)
-            and v_cache.shape == k_cache.shape and k_cache.stride() == v_cache.stride()
-            and k_cache.stride(-1) == 1 and k_cache.device == v_cache.device)
+            and cache_layout_supported(k_cache, v_cache) and k_cache.device == v_cache.device)
 
 
 def qk_norm_rope_triton(
@@ -196,7 +199,7 @@ def qk_norm_rope_triton(
     if store and (v3 is None or v_cache is None or slot_mapping is None):
         raise ValueError("storing into the KV cache needs v, k_cache, v_cache and slot_mapping")
     if store and not can_store_into(k_cache, v_cache, k3.shape[1], head_dim):
-        raise ValueError(f"caches must be [NB, BS, {k3.shape[1]}, {head_dim}] with equal strides")
+        raise ValueError(f"caches must be [NB, BS, {k3.shape[1]}, {head_dim}] in a layout of nv_kernels.kv_layout")
     if store:
         check_scales(k_cache, k_scale, v_scale)
     fp8 = store and is_fp8(k_cache.dtype)
@@ -218,6 +221,7 @@ def qk_norm_rope_triton(
             0 if v3 is None else v3.stride(0), 0 if v3 is None else v3.stride(1),
             q_out.stride(0), k_out.stride(0), 0 if v_out is None else v_out.stride(0),
             cos_sin_cache.stride(0), cache.stride(0), cache.stride(1), cache.stride(2),
+            *(v_cache.stride() if store and v_cache is not None else (0, 0, 0, 1)),
             *(scale_strides(k_scale) if fp8 and k_scale is not None else (0, 0)),
             *(scale_strides(v_scale) if fp8 and v_scale is not None else (0, 0)), float(eps),
             num_q_heads, num_kv_heads,

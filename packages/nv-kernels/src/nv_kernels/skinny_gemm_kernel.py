@@ -28,6 +28,8 @@ kernel's module globals (and see fused_norm's note on the interpreter).
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
 # pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
 # pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
+# pyright: reportAttributeAccessIssue=false
+# (that last one: tl.extra.cuda, which triton exposes at run time only)
 from __future__ import annotations
 
 from nv_kernels.fused_dispatch import triton_jit

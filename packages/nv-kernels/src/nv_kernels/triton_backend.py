@@ -6,6 +6,7 @@ import os
 from torch import Tensor
 
 from nv_kernels.interface import check_query, check_store
+from nv_kernels.kv_layout import check_cache_layout
 from nv_kernels.kv_quant import check_scales
 from nv_kernels.triton_decode import decode_attention
 from nv_kernels.triton_prefill import prefill_attention
@@ -20,11 +21,6 @@ def _check_device(*tensors: Tensor) -> None:
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"the triton backend needs CUDA tensors (got {device}); "
                          "set TRITON_INTERPRET=1 to interpret on CPU")
-
-
-def _check_cache_layout(k_cache: Tensor, v_cache: Tensor) -> None:
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
-        raise ValueError("k_cache and v_cache need equal strides and a contiguous head_dim")
 
 
 def _last_dim_contiguous(t: Tensor) -> Tensor:
@@ -43,7 +39,7 @@ class TritonBackend:
         check_store(key, value, k_cache, v_cache, slot_mapping)
         check_scales(k_cache, k_scale, v_scale)
         _check_device(key, value, k_cache, v_cache, slot_mapping)
-        _check_cache_layout(k_cache, v_cache)
+        check_cache_layout(k_cache, v_cache)
         store_kvcache(_last_dim_contiguous(key), _last_dim_contiguous(value), k_cache, v_cache,
                       slot_mapping.contiguous(), k_scale, v_scale)
 
@@ -65,7 +61,7 @@ class TritonBackend:
         check_query(q, k_cache, v_cache)
         check_scales(k_cache, k_scale, v_scale)
         _check_device(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables)
-        _check_cache_layout(k_cache, v_cache)
+        check_cache_layout(k_cache, v_cache)
         return prefill_attention(_last_dim_contiguous(q), k_cache, v_cache, cu_seqlens_q.contiguous(),
                                  seq_lens.contiguous(), _last_dim_contiguous(block_tables),
                                  max_seqlen_q, scale, k_scale=k_scale, v_scale=v_scale)
@@ -86,7 +82,7 @@ class TritonBackend:
         check_query(q, k_cache, v_cache)
         check_scales(k_cache, k_scale, v_scale)
         _check_device(q, k_cache, v_cache, seq_lens, block_tables)
-        _check_cache_layout(k_cache, v_cache)
+        check_cache_layout(k_cache, v_cache)
         return decode_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
                                 _last_dim_contiguous(block_tables), max_seqlen_k, scale,
                                 k_scale=k_scale, v_scale=v_scale)

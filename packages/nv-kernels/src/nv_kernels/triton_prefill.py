@@ -19,23 +19,26 @@ import triton.language as tl
 from torch import Tensor
 
 from nv_kernels import triton_decode
+from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import is_fp8, scale_strides
 from nv_kernels.triton_decode import LOG2E, _load_kv_tile, compute_dtype, scaled_query
 
 
 @triton.jit
 def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, d, d_mask,
-                 stride_cb, stride_cs, stride_ch, qk_scale,
+                 stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale,
                  BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
+                 PRECISION: tl.constexpr, COMPUTE: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr):
     """One online-softmax step over keys n0 .. n0+TILE_N-1."""
     n = n0 + tl.arange(0, TILE_N)
     n_mask = n < kv_end
     k = _load_kv_tile(K, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
-                      stride_ch, BLOCK_SIZE, TILE_N)  # [TILE_N, D]
-    v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
-                      stride_ch, BLOCK_SIZE, TILE_N)
+                      stride_ch, 1, BLOCK_SIZE, TILE_N, True)  # [TILE_N, D]
+    v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_vb, stride_vs,
+                      stride_vh, stride_vd, BLOCK_SIZE, TILE_N, not V_TOKEN_MAJOR)
     k, v = k.to(COMPUTE), v.to(COMPUTE)  # no-op unless the cache is FP8
+    if V_TOKEN_MAJOR and CAUSAL:   # read unmasked: p is 0 past kv_end, but 0 * NaN is not (the tiles
+        v = tl.where(v == v, v, 0.0)   # before the causal ones lie before kv_end)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, TILE_N] log2 units
     if CAUSAL:
         s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
@@ -51,11 +54,11 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies per step: one variant for all
 def _prefill_kernel(
     Q, K, V, OUT, CU_SEQLENS_Q, SEQ_LENS, BLOCK_TABLES, K_SCALE, V_SCALE, qk_scale,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
-    stride_ksh, stride_ksd, stride_vsh, stride_vsd,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+    stride_vb, stride_vs, stride_vh, stride_vd, stride_tb, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
-    FP8: tl.constexpr, COMPUTE: tl.constexpr,
+    FP8: tl.constexpr, COMPUTE: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
 ):
     b = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -87,12 +90,14 @@ def _prefill_kernel(
     full_end = (ctx_start + tok0) // TILE_N * TILE_N  # keys every row of the tile sees
     for n0 in range(0, full_end, TILE_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head,
-                                     d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, TILE_N, False, PRECISION, COMPUTE)
+                                     d, d_mask, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh,
+                                     stride_vd, qk_scale, BLOCK_SIZE, TILE_N, False, PRECISION, COMPUTE,
+                                     V_TOKEN_MAJOR)
     for n0 in range(full_end, kv_end, TILE_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head,
-                                     d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
-                                     BLOCK_SIZE, TILE_N, True, PRECISION, COMPUTE)
+                                     d, d_mask, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh,
+                                     stride_vd, qk_scale, BLOCK_SIZE, TILE_N, True, PRECISION, COMPUTE,
+                                     V_TOKEN_MAJOR)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if FP8:
         out = out * tl.load(V_SCALE + kv_head * stride_vsh + d * stride_vsd, mask=d_mask, other=0.0)[None, :]
@@ -130,11 +135,12 @@ def prefill_attention(
         q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
         seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), *k_strides, *v_strides,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(), block_tables.stride(0),
+        *k_strides, *v_strides,
         GROUP=group, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
-        COMPUTE=compute_dtype(q.dtype, k_cache.dtype),
+        COMPUTE=compute_dtype(q.dtype, k_cache.dtype), V_TOKEN_MAJOR=v_strides_token_major(v_cache),
         num_warps=num_warps or (8 if on_gpu and head_dim > 64 else 4), num_stages=num_stages or 3,
     )
     return out

@@ -30,6 +30,7 @@ def quantize_to(x, scale_ptrs, mask, FP8_MAX: tl.constexpr, dtype: tl.constexpr)
 def _store_kvcache_kernel(
     KEY, VALUE, K_CACHE, V_CACHE, SLOTS, K_SCALE, V_SCALE,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
+    stride_vb, stride_vs, stride_vh_cache, stride_vd,
     stride_ksh, stride_ksd, stride_vsh, stride_vsd,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, FP8_MAX: tl.constexpr,
@@ -46,7 +47,9 @@ def _store_kvcache_kernel(
     tl.store(K_CACHE + dst, quantize_to(k, k_scales, mask, FP8_MAX, K_CACHE.dtype.element_ty), mask=mask)
     v = tl.load(VALUE + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     v_scales = V_SCALE + h[:, None] * stride_vsh + d[None, :] * stride_vsd
-    tl.store(V_CACHE + dst, quantize_to(v, v_scales, mask, FP8_MAX, V_CACHE.dtype.element_ty), mask=mask)
+    v_dst = ((slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs + h[:, None] * stride_vh_cache
+             + d[None, :] * stride_vd)   # V's own strides: token-major in an FP8 cache (kv_layout.py)
+    tl.store(V_CACHE + v_dst, quantize_to(v, v_scales, mask, FP8_MAX, V_CACHE.dtype.element_ty), mask=mask)
 
 
 def store_kvcache(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
@@ -65,7 +68,7 @@ def store_kvcache(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, 
         key, value, k_cache, v_cache, slot_mapping, slot_mapping if k_scale is None else k_scale,
         slot_mapping if v_scale is None else v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *k_strides, *v_strides,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(), *k_strides, *v_strides,
         NUM_KV_HEADS=hkv, HEAD_DIM=head_dim, H_PAD=triton.next_power_of_2(hkv),
         D_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[1],
         FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0, num_warps=4,

@@ -37,6 +37,7 @@ from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, SamplingBatch, StepInput, StepResult
 from nv_kernels import get_backend
+from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.kv_quant import is_fp8
 from nv_layers.attention import Attention
 from nv_layers.forward_context import ForwardContext, forward_context
@@ -229,10 +230,9 @@ class ModelRunner:
         """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
         bs, dev = self.config.block_size, self.device
         caches = [(layer.k_cache, layer.v_cache) for layer in self.attention_layers]
-        for layer in self.attention_layers:
-            shape = (1, bs, layer.num_kv_heads, layer.head_dim)
-            layer.k_cache = torch.zeros(shape, dtype=self.config.kv_dtype, device=dev)
-            layer.v_cache = torch.zeros(shape, dtype=self.config.kv_dtype, device=dev)
+        for layer in self.attention_layers:   # the real cache's layout: the same kernel variants
+            _, layer.k_cache, layer.v_cache = allocate_kv_cache(1, bs, layer.num_kv_heads, layer.head_dim,
+                                                                self.config.kv_dtype, dev)
         try:
             ctx = ForwardContext(
                 is_decode=True, slot_mapping=torch.full((batch_size,), -1, dtype=torch.int64, device=dev),
@@ -250,7 +250,8 @@ class ModelRunner:
 
     # ---- KV cache and graphs -----------------------------------------------------------------
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Per layer one [2, NB, BS, Hkv, D] tensor; its halves go to the layer's k_cache / v_cache.
+        """Per layer one storage tensor; its [NB, BS, Hkv, D] views go to the layer's k_cache / v_cache
+        (nv_kernels.kv_layout: V token-major in an FP8 cache).
         An FP8 cache gets its per-layer scales first (KVScaleSetter), fixed from then on."""
         config = self.config
         scales = ""
@@ -264,9 +265,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.kv_caches = []
         for layer in self.attention_layers:
-            kv = torch.zeros(2, num_blocks, config.block_size, layer.num_kv_heads, layer.head_dim,
-                             dtype=config.kv_dtype, device=self.device)
-            layer.k_cache, layer.v_cache = kv[0], kv[1]
+            kv, layer.k_cache, layer.v_cache = allocate_kv_cache(
+                num_blocks, config.block_size, layer.num_kv_heads, layer.head_dim, config.kv_dtype, self.device)
             self.kv_caches.append(kv)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB, dtype %s (kv_cache_dtype=%s)%s",
                     num_blocks, config.block_size, num_blocks * config.block_size,
