@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -211,6 +212,15 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     core.structured_outputs.fill_in_worker = True    # the bitmask filled in a worker thread
     try:
         assert run() == overlapped
+        fill = StructuredOutputManager._fill          # a slow fill: the engine runs ahead until it samples
+
+        def slow_fill(*args):
+            time.sleep(0.002)
+            return fill(*args)
+
+        monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(slow_fill))
+        assert run() == overlapped
+        monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(fill))
     finally:
         core.structured_outputs.fill_in_worker = False
     assert core.async_scheduling
@@ -224,6 +234,26 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     assert overlapped == synchronous
     assert overlapped[3][1] == "stop" and len(overlapped[3][0]) <= 4     # the choice (and EOS) ended early
     assert all(reason == "stop" for _, reason in overlapped[5:8])       # grammars end ignore_eos rows
+
+
+def test_switching_async_scheduling_off_with_a_grammar_step_in_flight(llm):
+    """A grammar run ends with a step in flight (launched before the ids that end the grammars came
+    back). Switching async scheduling off then (between runs) collects that step first: the next
+    run gets its own ids, the tokens of a clean start."""
+    core = llm.llm_engine.core
+    plain = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    clean = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, plain, use_tqdm=False)]
+    texts = [finished_text(o) for o in llm.generate(PROMPTS, constrained(choice=["yes", "no way"]),
+                                                    use_tqdm=False)]
+    assert set(texts) <= {"yes", "no way"}
+    assert core.grammar_sampling.waiting        # the step after the grammars' last tokens is in flight
+    core.async_scheduling = False
+    try:
+        after = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, plain, use_tqdm=False)]
+    finally:
+        core.async_scheduling = True
+    assert after == clean
+    assert not core.grammar_sampling.waiting and core.get_num_free_blocks() == core.num_blocks
 
 
 def test_abort_while_a_step_waits_for_its_bitmask(llm):
