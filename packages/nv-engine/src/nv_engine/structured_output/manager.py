@@ -19,10 +19,10 @@ forward of step N+1 first, then accepts step N's tokens and fills step N+1's bit
 device runs it, and samples step N+1 after (ModelRunner.sample). Preemption keeps a sequence's
 output, and so its matcher's state.
 
-Fills go through xgrammar.BatchGrammarMatcher: one call per step, rows in parallel threads, into
-one of two preallocated buffers (alternating, so the engine may fill step N+1's while step N's is
-being sent). Accepts are one accept_token per row. Rows without a grammar allow every token;
-finished rows too (their token is dropped).
+Fills go through xgrammar.BatchGrammarMatcher: one call per step (rows in parallel threads in large
+batches, see ROWS_PER_FILL_THREAD), into one of two preallocated buffers (alternating, so the engine
+may fill step N+1's while step N's is being sent). Accepts are one accept_token per row. Rows
+without a grammar allow every token; finished rows too (their token is dropped).
 """
 from __future__ import annotations
 
