@@ -208,7 +208,7 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return [(list(c.token_ids), c.finish_reason) for o in outputs for c in o.outputs]
 
-    overlapped = run()               # the bitmask filled in the engine's thread (the default)
+    overlapped = run()               # the default fill (in the engine's thread)
     assert len(sampled_apart) > 10 and any(b is not None for b in sampled_apart)   # the overlap ran
     manager = core.structured_outputs
     fill = StructuredOutputManager._fill
@@ -217,6 +217,7 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
         time.sleep(0.002)
         return fill(*args)
 
+    default = manager.fill_in_worker
     try:
         manager.fill_in_worker = True                # filled in a worker thread
         assert run() == overlapped
@@ -227,7 +228,7 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
         manager.fill_threads = 2                     # a fill on several threads
         assert run() == overlapped
     finally:
-        manager.fill_in_worker, manager.fill_threads = False, None
+        manager.fill_in_worker, manager.fill_threads = default, None
     assert core.async_scheduling
     core.async_scheduling = False            # every step synchronous, the bitmask filled before it
     try:
