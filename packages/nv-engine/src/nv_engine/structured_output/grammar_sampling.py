@@ -4,10 +4,11 @@ grammar ends.
 
 A synchronous step gets its bitmask before it is launched (`bitmask_now`). With async scheduling a
 step with grammar rows is launched with defer_sampling (the forward only) and waits here; after
-the previous step's ids were accepted (`finish_by_grammar`), `start_fill` fills its bitmask in a
-worker thread while the device runs the forward and the core reports; `sample` then hands the
-bitmask to the executor (ModelRunner.sample on every rank). At most one launched step waits: the
-core samples step N before it launches step N+1, whose input ids are step N's sampled ids.
+the previous step's ids were accepted (`finish_by_grammar`), `start_fill` fills its bitmask (in the
+engine's thread, or in a worker thread with StructuredOutputManager.fill_in_worker) while the device
+runs the forward; `sample` then hands the bitmask to the executor (ModelRunner.sample on every
+rank). At most one launched step waits: the core samples step N before it launches step N+1, whose
+input ids are step N's sampled ids.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class GrammarSampling:
     def __init__(self, manager: StructuredOutputManager) -> None:
         self.manager = manager
         self._waiting: list[EngineSequence] | None = None   # sampling rows of the step launched unsampled
-        self._bitmask: Future[np.ndarray | None] | None = None   # its bitmask, filling in a worker thread
+        self._bitmask: Future[np.ndarray | None] | None = None   # its bitmask (filled, or filling in a worker)
 
     @property
     def active(self) -> bool:
@@ -56,7 +57,7 @@ class GrammarSampling:
         self._waiting, self._bitmask = list(seqs), None
 
     def start_fill(self) -> None:
-        """The waiting step's bitmask, in a worker thread: call once every token of the steps
+        """Fill the waiting step's bitmask (now, or in a worker thread): call once every token of the steps
         before it was accepted (the matchers must not move until `sample`)."""
         if self._waiting is not None and self._bitmask is None:
             self._bitmask = self.manager.fill_bitmask_async(self._waiting)

@@ -19,15 +19,16 @@ forward of step N+1 first, then accepts step N's tokens and fills step N+1's bit
 device runs it, and samples step N+1 after (ModelRunner.sample). Preemption keeps a sequence's
 output, and so its matcher's state.
 
-Fills and accepts go through xgrammar.BatchGrammarMatcher: one call per step, rows in parallel
-threads, into one of two preallocated buffers (alternating, so the engine may fill step N+1's
-while step N's is being sent). Rows without a grammar allow every token; finished rows too (their
-token is dropped).
+Fills go through xgrammar.BatchGrammarMatcher: one call per step (rows in parallel threads in large
+batches, see ROWS_PER_FILL_THREAD), into one of two preallocated buffers (alternating, so the engine
+may fill step N+1's while step N's is being sent). Accepts are one accept_token per row. Rows
+without a grammar allow every token; finished rows too (their token is dropped).
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -48,7 +49,11 @@ logger = logging.getLogger(__name__)
 
 # How long release(wait=True) blocks for a compile before the engine loop looks at its commands again.
 RELEASE_WAIT_SECONDS = 0.05
-# Threads of one batched bitmask fill: half the cores (xgrammar's "auto"), at most this many.
+# Threads of one batched bitmask fill: one per ROWS_PER_FILL_THREAD rows, at most half the cores and
+# MAX_FILL_THREADS. A fill on more than one thread starts its threads at each call (some 70 us on 2
+# threads, against 2 us for one row on one), while a JSON-schema row fills in about 2 us: threads pay
+# only for large batches.
+ROWS_PER_FILL_THREAD = 128
 MAX_FILL_THREADS = 8
 
 
@@ -77,14 +82,17 @@ class StructuredOutputManager:
         # here so a step asks xgrammar nothing per row
         self._terminated: set[int] = set()
         self._stop_token_ids = frozenset(self._eos_token_ids)
-        self._batch_matcher: xgrammar.BatchGrammarMatcher | None = None
+        self._batch_matchers: dict[int, xgrammar.BatchGrammarMatcher] = {}   # by threads
+        self.fill_threads: int | None = None     # threads of every batched fill (None: by the rows, _batch_matcher)
+        self._max_fill_threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
         self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
         # False (the default): fill_bitmask_async fills in the caller's thread, after the forward was
-        # launched, so the device's forward overlaps the fill. True: in a worker thread, so the engine's own
-        # work overlaps it too; off by default: one H200 run of scripts/bench_structured_outputs.py failed
-        # with the worker fill (a step's sampled ids matched to another step), not reproduced on CPU.
+        # launched, so the device's forward overlaps the fill. True: in a worker thread, so the engine's
+        # own work (the step's report, the frontend, the next schedule) may overlap it too; off by
+        # default: the hand-over to the worker (it must take the GIL) cost more than the fill on a
+        # busy 2-core host, for 64 JSON-schema rows.
         self.fill_in_worker = False
 
     @property
@@ -145,40 +153,63 @@ class StructuredOutputManager:
         """[S, ceil(V/32)] int32 for the step's sampling rows (bit j of word w allows token
         32 * w + j; rows without a grammar, or finished, allow every token); None when no row has a
         grammar. The array is one of two reused buffers: valid until the next fill but one."""
-        rows = self._fill_rows(seqs)
-        return None if rows is None else self._fill(self._bitmask_buffer(len(seqs)), *rows)
+        job = self._fill_job(seqs)
+        return None if job is None else self._fill(*job)
 
     def fill_bitmask_async(self, seqs: Sequence[EngineSequence]) -> Future[np.ndarray | None]:
-        """fill_bitmask in a worker thread (the matchers must not advance until it is done)."""
-        rows = self._fill_rows(seqs)
-        if rows is None or not self.fill_in_worker:
+        """fill_bitmask in a worker thread when fill_in_worker (the matchers must not advance until
+        it is done), else now. Returns once the worker runs the fill: a worker that had to wait for
+        the GIL would start only when this thread blocks (at the result, so nothing would overlap)."""
+        job = self._fill_job(seqs)
+        if job is None or not self.fill_in_worker:
             done: Future[np.ndarray | None] = Future()
-            done.set_result(None if rows is None else self._fill(self._bitmask_buffer(len(seqs)), *rows))
+            done.set_result(None if job is None else self._fill(*job))
             return done
         if self._fill_pool is None:
             self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nv-grammar-fill")
-        return self._fill_pool.submit(self._fill, self._bitmask_buffer(len(seqs)), *rows)
+        started = threading.Event()
+        future: Future[np.ndarray | None] = self._fill_pool.submit(self._fill_once_started, started, *job)
+        started.wait()
+        return future
 
-    def _fill_rows(self, seqs: Sequence[EngineSequence]
-                   ) -> tuple[xgrammar.BatchGrammarMatcher, list[xgrammar.GrammarMatcher], list[int]] | None:
-        """(the batch filler, the matchers to fill, their rows); None when no row has a grammar."""
+    def _fill_job(self, seqs: Sequence[EngineSequence]) -> tuple[
+            xgrammar.BatchGrammarMatcher, np.ndarray, list[xgrammar.GrammarMatcher], list[int] | None] | None:
+        """(the batch filler, the step's bitmask buffer, the matchers to fill, their rows: None for the
+        first len(matchers) rows); the buffer's other rows allow every token (xgrammar writes a filled row
+        whole). None when no row has a grammar."""
         if not self._grammars:
             return None
         matchers, rows = [], []
+        get_matcher, terminated = self._matchers.get, self._terminated
         for row, seq in enumerate(seqs):
-            matcher = self._matcher(seq)
-            if matcher is not None and not seq.is_finished and seq.seq_id not in self._terminated:
+            matcher = get_matcher(seq.seq_id)
+            if matcher is None:
+                matcher = self._new_matcher(seq)
+            if matcher is not None and not seq.is_finished and seq.seq_id not in terminated:
                 matchers.append(matcher)
                 rows.append(row)
-        return (self.batch_matcher, matchers, rows) if matchers else None
+        if not matchers:
+            return None
+        bitmask = self._bitmask_buffer(len(seqs))
+        if len(rows) < len(seqs):
+            bitmask[...] = -1
+        # rows 0..k-1 (every row has a grammar, the usual case): no index list, which xgrammar converts
+        # element by element (about as costly as the fill of 64 rows)
+        return self._batch_matcher(len(rows)), bitmask, matchers, None if rows[-1] == len(rows) - 1 else rows
 
     @staticmethod
-    def _fill(bitmask: np.ndarray, filler: xgrammar.BatchGrammarMatcher, matchers: list[xgrammar.GrammarMatcher],
-              rows: list[int]) -> np.ndarray:
-        """Fill `bitmask` ([S, W]): all ones, then each matcher's row (what a worker thread runs)."""
-        bitmask[...] = -1
+    def _fill(filler: xgrammar.BatchGrammarMatcher, bitmask: np.ndarray, matchers: list[xgrammar.GrammarMatcher],
+              rows: list[int] | None) -> np.ndarray:
+        """Fill the matchers' rows of `bitmask` ([S, W])."""
         filler.batch_fill_next_token_bitmask(matchers, bitmask, rows)
         return bitmask
+
+    def _fill_once_started(self, started: threading.Event, filler: xgrammar.BatchGrammarMatcher,
+                           bitmask: np.ndarray, matchers: list[xgrammar.GrammarMatcher],
+                           rows: list[int] | None) -> np.ndarray:
+        """The worker's fill: tells the caller it runs (holding the GIL until xgrammar releases it)."""
+        started.set()
+        return self._fill(filler, bitmask, matchers, rows)
 
     def _bitmask_buffer(self, num_rows: int) -> np.ndarray:
         if not self._bitmasks or self._bitmasks[0].shape[0] < num_rows:
@@ -186,21 +217,20 @@ class StructuredOutputManager:
         self._next_bitmask = 1 - self._next_bitmask
         return self._bitmasks[self._next_bitmask][:num_rows]
 
-    @property
-    def batch_matcher(self) -> xgrammar.BatchGrammarMatcher:
-        matcher = self._batch_matcher
+    def _batch_matcher(self, num_rows: int) -> xgrammar.BatchGrammarMatcher:
+        """The batched filler of num_rows rows: fill_threads threads, else one per ROWS_PER_FILL_THREAD rows."""
+        threads = self.fill_threads or min(self._max_fill_threads, 1 + (num_rows - 1) // ROWS_PER_FILL_THREAD)
+        matcher = self._batch_matchers.get(threads)
         if matcher is None:
-            threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
-            matcher = self._batch_matcher = import_xgrammar().BatchGrammarMatcher(max_threads=threads)
+            matcher = self._batch_matchers[threads] = import_xgrammar().BatchGrammarMatcher(max_threads=threads)
         return matcher
 
-    def _matcher(self, seq: EngineSequence) -> xgrammar.GrammarMatcher | None:
-        matcher = self._matchers.get(seq.seq_id)
-        if matcher is None:
-            grammar = self._grammars.get(seq.request_id)
-            if grammar is None:
-                return None
-            matcher = self._matchers[seq.seq_id] = import_xgrammar().GrammarMatcher(grammar)
+    def _new_matcher(self, seq: EngineSequence) -> xgrammar.GrammarMatcher | None:
+        """A matcher for a sequence of a request with a grammar (None without one)."""
+        grammar = self._grammars.get(seq.request_id)
+        if grammar is None:
+            return None
+        matcher = self._matchers[seq.seq_id] = import_xgrammar().GrammarMatcher(grammar)
         return matcher
 
     # ---- 4. after a step ---------------------------------------------------------------------
@@ -211,26 +241,21 @@ class StructuredOutputManager:
         under ignore_eos or min_tokens), ABORT where the token breaks the grammar (a ban such as min_tokens left
         the row nothing the grammar allows)."""
         to_finish: list[tuple[EngineSequence, FinishReason]] = []
-        rows: list[tuple[EngineSequence, int]] = []
-        matchers: list[xgrammar.GrammarMatcher] = []
-        get_matcher, terminated = self._matchers.get, self._terminated
+        get_matcher, terminated, stop_token_ids = self._matchers.get, self._terminated, self._stop_token_ids
+        # One accept_token call per row: cheaper than BatchGrammarMatcher.batch_accept_token, whose lists
+        # of handles and per-element reads of the result cost more than the (sequential) accepts.
         for seq, token_id in zip(seqs, token_ids, strict=True):
-            matcher = get_matcher(seq.seq_id)
-            if matcher is not None and seq.seq_id not in terminated:
-                rows.append((seq, int(token_id)))
-                matchers.append(matcher)
-        if not rows:
-            return to_finish
-        accepted = import_xgrammar().BatchGrammarMatcher.batch_accept_token(
-            matchers, [token_id for _, token_id in rows])
-        for (seq, token_id), ok in zip(rows, accepted, strict=True):
-            if not ok:
+            seq_id = seq.seq_id
+            matcher = get_matcher(seq_id)
+            if matcher is None or seq_id in terminated:
+                continue
+            if not matcher.accept_token(token_id):
                 logger.warning("request %s: sampled token %d is outside its grammar; finishing it",
                                seq.request_id, token_id)
                 if not seq.is_finished:
                     to_finish.append((seq, FinishReason.ABORT))
-            elif token_id in self._stop_token_ids:   # accepted a stop token: the grammar ended
-                terminated.add(seq.seq_id)
+            elif token_id in stop_token_ids:   # accepted a stop token: the grammar ended
+                terminated.add(seq_id)
                 if not seq.is_finished:
                     to_finish.append((seq, FinishReason.STOP))
         return to_finish
