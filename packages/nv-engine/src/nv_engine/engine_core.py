@@ -81,17 +81,19 @@ class EngineCore:
 
     record_timestamps: note when each request is first scheduled (EngineCoreOutputs.first_scheduled)
     and take the scheduler's stats snapshot each step; off in the offline LLM, which has no use for
-    them."""
+    them. executor: a ready executor to run the steps on (benchmarks of the host side); None:
+    `create_executor(config)`."""
 
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
-                 record_timestamps: bool = False, tokenizer: HFTokenizer | None = None) -> None:
+                 record_timestamps: bool = False, tokenizer: HFTokenizer | None = None,
+                 executor: Executor | None = None) -> None:
         from nv_engine.executor import create_executor
 
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = int(config.hf_config.vocab_size)
         self.record_timestamps = record_timestamps
-        self.executor: Executor | None = create_executor(config)
+        self.executor: Executor | None = create_executor(config) if executor is None else executor
         try:
             self.num_blocks = int(self.executor.determine_num_blocks())
             self._check_kv_cache_holds_one_sequence()
