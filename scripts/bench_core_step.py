@@ -6,11 +6,12 @@ fixed concurrency of streamed requests shaped like the serving headline: prompts
 random ids, max_tokens 100-1,024, temperature 0.6, ignore_eos, block size 64. A finished request is
 replaced at once, so prompt chunks join decode steps every few steps, as in serving.
 
-For each concurrency it prints the mean milliseconds per step of the whole step (EngineCore.step_outputs
+For each concurrency it prints the mean CPU milliseconds per step of the whole step (EngineCore.step_outputs
 plus encoding the outputs, what the core process does between two polls) measured clean, then the
 exclusive time of each phase measured with timers wrapped around the methods (a second run; the
 wrappers cost ~0.5 us a call):
 
+    add request    EngineCore.add_request of the requests that replace finished ones
     schedule       Scheduler.schedule (without the block manager's calls)
     block manager  BlockManager allocate / match_prefix / cache_full_blocks / free (prefix cache)
     postprocess    Scheduler.postprocess + resolve_placeholders (appending ids, stop checks)
@@ -32,9 +33,10 @@ import argparse
 import cProfile
 import logging
 import pstats
-import random
 import time
 from collections.abc import Callable
+
+import numpy as np
 
 from nv_engine.checkpoints.random_model import qwen3_config
 from nv_engine.config import EngineConfig
@@ -47,7 +49,7 @@ from nv_engine.runner.host_only_runner import HostOnlyRunner
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.stage_timer import StageTimer
 
-PHASES = ("schedule", "block manager", "postprocess", "sampling rows", "step build", "runner host",
+PHASES = ("add request", "schedule", "block manager", "postprocess", "sampling rows", "step build", "runner host",
           "collect", "report", "encode", "core other")
 
 
@@ -62,7 +64,7 @@ class Workload:
         self.core = EngineCore(config, [0], record_timestamps=True,
                                executor=UniProcExecutor(config, HostOnlyRunner))
         self.codec = CoreMessageCodec()
-        self.rng = random.Random(seed)
+        self.rng = np.random.default_rng(seed)
         self.num_added = 0
         self.num_tokens = 0
         for _ in range(concurrency):
@@ -70,20 +72,22 @@ class Workload:
 
     def add(self) -> None:
         rng = self.rng
-        prompt = [rng.randrange(1, 10_000) for _ in range(rng.randint(100, 1024))]
-        params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=rng.randint(100, 1024),
+        prompt = rng.integers(1, 10_000, int(rng.integers(100, 1025))).tolist()
+        params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=int(rng.integers(100, 1025)),
                                 seed=self.num_added)
         params.prepare_for_model(151_936, None)
         self.core.add_request(EngineCoreRequest(f"cmpl-{self.num_added}", prompt, params, True, time.monotonic()))
         self.num_added += 1
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """One step; whether it was a pure decode step (computed no prompt token)."""
         outputs = self.core.step_outputs()
         self.encode(outputs)
         self.num_tokens += outputs.tokens[1]
         for update in outputs.updates:
             if update.finish_reason is not None:
                 self.add()
+        return outputs.tokens[0] == 0
 
     def encode(self, outputs: object) -> bytes | bytearray:
         return self.codec.encode(CoreMessage.OUTPUTS, outputs)
@@ -98,7 +102,7 @@ class Workload:
 
 def time_phases(workload: Workload, timer: StageTimer) -> None:
     """Wrap the methods of each phase (instance attributes shadow the class's) with exclusive timers."""
-    clock = time.perf_counter
+    clock = time.process_time
     children = [0.0]     # per open call: the time of the timed calls inside it
 
     def wrap(owner: object, name: str, phase: str) -> None:
@@ -130,20 +134,26 @@ def time_phases(workload: Workload, timer: StageTimer) -> None:
     wrap(core, "_report", "report")
     wrap(core, "step_outputs", "core other")
     wrap(workload, "encode", "encode")
+    wrap(core, "add_request", "add request")
 
 
 def run(concurrency: int, steps: int, warmup: int, device: str, profile: bool) -> None:
     clean = Workload(concurrency, device)
     for _ in range(warmup):
         clean.step()
-    started = time.perf_counter()
+    clock = time.process_time
     tokens_before = clean.num_tokens
+    times: dict[bool, list[float]] = {True: [], False: []}     # is a decode step -> CPU seconds
     for _ in range(steps):
-        clean.step()
-    total_ms = (time.perf_counter() - started) * 1e3 / steps
+        started = clock()
+        is_decode = clean.step()
+        times[is_decode].append(clock() - started)
+    total_ms = sum(map(sum, times.values())) * 1e3 / steps
     print(f"\n{concurrency} streams: {clean.running()} running, mean context {clean.mean_context():.0f} tokens, "
           f"{(clean.num_tokens - tokens_before) / steps:.1f} sampled per step")
-    print(f"  host work per step (clean run): {total_ms:.3f} ms")
+    print(f"  host work per step (clean run): {total_ms:.3f} ms; decode steps "
+          f"{np.mean(times[True]) * 1e3 if times[True] else 0.0:.3f} ms ({len(times[True])}), steps with a "
+          f"prompt chunk {np.mean(times[False]) * 1e3 if times[False] else 0.0:.3f} ms ({len(times[False])})")
     clean.core.shutdown()
 
     timed = Workload(concurrency, device)
