@@ -46,7 +46,7 @@ from nv_engine.engine_core_request import EngineCoreRequest
 from nv_engine.engine_requests import load_tokenizer
 from nv_engine.engine_sequence import EngineSequence
 from nv_engine.prompt_logprobs_recording import record_prompt_logprobs
-from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
+from nv_engine.sampling_batch import SamplingBatchBuilder, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
@@ -54,13 +54,15 @@ from nv_engine.structured_output.compiler import HFTokenizer
 from nv_engine.structured_output.grammar_sampling import GrammarSampling
 from nv_engine.structured_output.manager import StructuredOutputManager
 from nv_engine.warmup_steps import WarmupSteps
-from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
+from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, SequenceStatus, StopRules
 
 if TYPE_CHECKING:
     from nv_engine.executor import Executor
     from nv_engine.kv_events.publisher import KVEventPublisher
 
 logger = logging.getLogger(__name__)
+
+_FINISHED = SequenceStatus.FINISHED
 
 
 @dataclass
@@ -319,19 +321,15 @@ class EngineCore:
         batch = None
         defer_sampling = False
         if sampling:
-            rows = []
-            for entry in sampling:
-                seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the engine adds only these
-                rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
-                                        seq.prompt_token_ids, seq.output_token_ids))
-            batch = self.sampling_builder.build(rows)
+            # SamplingRow's fields as plain tuples (a NamedTuple per row per step costs more)
+            seqs: list[EngineSequence] = [entry.seq for entry in sampling]   # type: ignore[misc]  # the core adds only these
+            batch = self.sampling_builder.build([
+                (seq.params, seq.seed, len(seq.output_token_ids), seq.prompt_token_ids, seq.output_token_ids)
+                for seq in seqs])
             if self.grammar_sampling.active:               # structured outputs: the grammars' masks
                 defer_sampling = self.async_scheduling and self._num_penalty_requests == 0
                 if not defer_sampling:                     # synchronous steps: fill it now
                     batch.token_bitmask = self.grammar_sampling.bitmask_now([s.seq for s in sampling])  # type: ignore[misc]
-        prev_index = None
-        if previous is not None and previous.out.sampling:
-            prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
         prompt_widths = None
         if self._num_prompt_logprobs_requests:
             prompt_widths = {}
@@ -339,7 +337,8 @@ class EngineCore:
                 seq = entry.seq   # type: ignore[assignment]
                 if seq.prompt_logprobs is not None and seq.params.prompt_logprobs is not None:
                     prompt_widths[seq.seq_id] = seq.params.prompt_logprobs
-        step_input = self.step_builder.build(out, batch, prev_index, prompt_widths)
+        step_input = self.step_builder.build(out, batch, follows_previous=previous is not None,
+                                             prompt_logprobs=prompt_widths)
         step_input.defer_sampling = defer_sampling
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
@@ -373,10 +372,11 @@ class EngineCore:
         if batch is not None and batch.flags.get("need_logprobs"):
             samples = unpack_results(result, batch.logprob_counts)
         updates: list[SequenceUpdate] = []
+        make_update = tuple.__new__        # SequenceUpdate(*fields) without its Python-level __new__
         for i, entry in enumerate(sampling):
             seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the core adds only these
-            finished = seq.is_finished
-            if not (finished or seq.reports_each_token) or seq.reported_finished:
+            finished = seq.status is _FINISHED
+            if seq.reported_finished or not (finished or seq.reports_each_token):
                 continue                                   # nothing to report this step
             output = seq.output_token_ids
             new_token_ids = output[seq.num_reported:]
@@ -389,10 +389,10 @@ class EngineCore:
             prompt_logprobs = None
             if seq.prompt_logprobs is not None and seq.num_reported == len(new_token_ids):
                 prompt_logprobs = seq.prompt_logprobs          # its first update
-            updates.append(SequenceUpdate(
+            updates.append(make_update(SequenceUpdate, (
                 seq.request_id, seq.index, new_token_ids, logprobs, logprob_delta,
                 seq.finish_reason if finished else None, seq.stop_token_id, seq.num_cached_tokens,
-                prompt_logprobs))
+                prompt_logprobs)))
             if seq.index == 0 and seq.params.n > 1:
                 seqs = self.requests[seq.request_id]
                 if len(seqs) < seq.params.n:
