@@ -79,11 +79,14 @@ class StepBuilder:
         if prompt_logprobs and not out.is_pure_decode:   # a decode step computes no prompt position
             prompt_batch = self._prompt_logprobs_batch(out, prompt_logprobs, cu_seqlens_q)
         prev_rows = prev_src = None
-        if follows_previous and len(self._sampled_rows):
+        previous_rows = self._sampled_rows
+        if follows_previous and len(previous_rows):
             placeholders = input_ids[logits_indices] == PLACEHOLDER_TOKEN             # [S]
-            if placeholders.any():
+            if placeholders.all() and np.array_equal(sampled_rows, previous_rows):
+                prev_rows, prev_src = logits_indices, np.arange(len(previous_rows), dtype=np.int64)  # [S], [S]
+            elif placeholders.any():
                 sample_of_row = np.full(len(table), -1, dtype=np.int64)               # [R]
-                sample_of_row[self._sampled_rows] = np.arange(len(self._sampled_rows))
+                sample_of_row[previous_rows] = np.arange(len(previous_rows))
                 prev_src = sample_of_row[sampled_rows[placeholders]]                  # [K]
                 prev_rows = logits_indices[placeholders]                              # [K]
                 if (prev_src < 0).any():

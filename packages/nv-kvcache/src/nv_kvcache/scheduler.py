@@ -245,7 +245,7 @@ class Scheduler:
         # entries paired with their sampled id (None: the chunk samples nothing); a pure decode
         # step samples in every entry
         if len(sampled_token_ids) == len(out.scheduled):
-            pairs = zip(out.scheduled, sampled_token_ids)
+            pairs = zip(out.scheduled, sampled_token_ids, strict=True)
         else:
             ids = iter(sampled_token_ids)
             pairs = ((entry, next(ids) if entry.samples else None) for entry in out.scheduled)
