@@ -19,7 +19,7 @@ wrappers cost ~0.5 us a call):
     step build     StepBuilder.build (ids, positions, slots, block tables)
     runner host    the runner's launch: input staging and sampling tensors (on CUDA with --device cuda)
     collect        the runner's collect (ids back to a list)
-    report         the SequenceUpdates of the step (EngineCore._report)
+    report         the SequenceUpdates of the step (RequestTable.report)
     encode         CoreMessageCodec.encode of the step's EngineCoreOutputs
     core other     everything else inside step_outputs (the core's own glue)
 
@@ -131,7 +131,7 @@ def time_phases(workload: Workload, timer: StageTimer) -> None:
     executor = core.live_executor()
     wrap(executor, "launch", "runner host")
     wrap(executor, "collect", "collect")
-    wrap(core, "_report", "report")
+    wrap(core.requests, "report", "report")
     wrap(core, "step_outputs", "core other")
     wrap(workload, "encode", "encode")
     wrap(core, "add_request", "add request")

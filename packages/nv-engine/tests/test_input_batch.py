@@ -164,6 +164,23 @@ def test_staging_buffer_layout_and_padding():
         rows.put(np.zeros(1000))
 
 
+def test_staging_views_of_a_repeated_layout_show_each_steps_values():
+    """A layout staged again (every replay of one CUDA-graph size) reuses its views: each step's
+    values, and the runner's writes into them, show through, in and out of inference mode."""
+    buf = StagingBuffer(torch.int64, 64, torch.device("cpu"))
+    seen = []
+    for step, inference in enumerate([False, True, True, False]):
+        with torch.inference_mode(inference):
+            buf.begin()
+            ids = buf.put(np.array([step, step + 1]), 4, fill=-1)
+            table = buf.put_rows(np.full((2, 3), step), 2, 3)
+            buf.upload()
+            ids[3] = 9                                   # the runner writes into staged inputs
+            seen.append((ids.tolist(), table.tolist()))
+    assert [s[0] for s in seen] == [[k, k + 1, -1, 9] for k in range(4)]
+    assert [s[1] for s in seen] == [[[k] * 3] * 2 for k in range(4)]
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_staging_views_are_16_byte_aligned_whatever_the_sizes(dtype):
     """Triton specialises on pointer alignment: a view at a size-dependent offset would make kernels
