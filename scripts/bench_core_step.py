@@ -23,7 +23,7 @@ wrappers cost ~0.5 us a call):
     encode         CoreMessageCodec.encode of the step's EngineCoreOutputs
     core other     everything else inside step_outputs (the core's own glue)
 
-    python scripts/bench_core_step.py [--concurrency 64 256] [--steps 1000] [--device cpu|cuda] [--profile]
+    python scripts/bench_core_step.py [--concurrency 64 256] [--steps 1000] [--repeat 3] [--device cpu|cuda] [--profile]
 
 --profile also prints cProfile's top functions (by own time) of a third run.
 """
@@ -137,24 +137,31 @@ def time_phases(workload: Workload, timer: StageTimer) -> None:
     wrap(core, "add_request", "add request")
 
 
-def run(concurrency: int, steps: int, warmup: int, device: str, profile: bool) -> None:
+def clean_run(concurrency: int, steps: int, warmup: int, device: str) -> dict[bool, list[float]]:
+    """CPU seconds of each measured step, by whether it was a pure decode step."""
     clean = Workload(concurrency, device)
     for _ in range(warmup):
         clean.step()
     clock = time.process_time
-    tokens_before = clean.num_tokens
-    times: dict[bool, list[float]] = {True: [], False: []}     # is a decode step -> CPU seconds
+    times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(steps):
         started = clock()
         is_decode = clean.step()
         times[is_decode].append(clock() - started)
-    total_ms = sum(map(sum, times.values())) * 1e3 / steps
     print(f"\n{concurrency} streams: {clean.running()} running, mean context {clean.mean_context():.0f} tokens, "
-          f"{(clean.num_tokens - tokens_before) / steps:.1f} sampled per step")
-    print(f"  host work per step (clean run): {total_ms:.3f} ms; decode steps "
-          f"{np.mean(times[True]) * 1e3 if times[True] else 0.0:.3f} ms ({len(times[True])}), steps with a "
-          f"prompt chunk {np.mean(times[False]) * 1e3 if times[False] else 0.0:.3f} ms ({len(times[False])})")
+          f"{clean.num_tokens / (warmup + steps):.1f} sampled per step")
     clean.core.shutdown()
+    return times
+
+
+def run(concurrency: int, steps: int, warmup: int, device: str, repeat: int, profile: bool) -> None:
+    for _ in range(repeat):
+        times = clean_run(concurrency, steps, warmup, device)
+        total_ms = sum(map(sum, times.values())) * 1e3 / steps
+        decode_ms = np.mean(times[True]) * 1e3 if times[True] else 0.0
+        chunk_ms = np.mean(times[False]) * 1e3 if times[False] else 0.0
+        print(f"  host work per step (clean run): {total_ms:.3f} ms; decode steps {decode_ms:.3f} ms "
+              f"({len(times[True])}), steps with a prompt chunk {chunk_ms:.3f} ms ({len(times[False])})")
 
     timed = Workload(concurrency, device)
     timer = StageTimer("core step", "step", PHASES, logging.getLogger(__name__), interval_s=float("inf"))
@@ -189,11 +196,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--steps", type=int, default=1000, help="measured steps per run")
     parser.add_argument("--warmup", type=int, default=600, help="steps before measuring (requests turn over)")
+    parser.add_argument("--repeat", type=int, default=1, help="clean runs per concurrency (a busy host varies)")
     parser.add_argument("--device", default="cpu", help="where the runner stages its inputs (cpu or cuda)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     args = parser.parse_args()
     for concurrency in args.concurrency:
-        run(concurrency, args.steps, args.warmup, args.device, args.profile)
+        run(concurrency, args.steps, args.warmup, args.device, args.repeat, args.profile)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@ engine core's own per-step work (scripts/bench_core_step.py).
 
 It stages each step's inputs as the ModelRunner does (InputStager: the CUDA-graph decode layout for
 pure decode steps, the eager layout otherwise; SamplingTensorsSource for the sampler's tensors) and
-takes the previous step's sampled ids for placeholder rows, then "samples" token ids that depend
-only on a step counter and the row: never 0 (the id a benchmark passes as EOS), never a model's
-forward. What it returns is a StepResult like the ModelRunner's, so the engine core runs unchanged.
+takes the previous step's sampled ids for placeholder rows, then "samples" fixed pseudo-random ids
+per row (never 0, the id a benchmark passes as EOS) without a forward. It returns StepResults like
+the ModelRunner's, so the engine core runs unchanged.
 """
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ class HostOnlyRunner:
         sizes = np.array(graph_batch_sizes(config.max_num_seqs))
         # padded[b]: the captured decode size a batch of b rows replays (as DecodeGraphs pads)
         self.padded = sizes[np.minimum(np.searchsorted(sizes, np.arange(config.max_num_seqs + 1)), len(sizes) - 1)]
-        self.num_steps = 0
+        generator = torch.Generator().manual_seed(config.seed)
+        self.ids = torch.randint(1, self.vocab_size, (max(config.max_num_seqs, config.max_num_batched_tokens),),
+                                 generator=generator).to(self.device)   # row i always samples ids[i]
         self.last_sampled: torch.Tensor | None = None     # [S] of the last launched step
         self.pending: deque[torch.Tensor] = deque()        # [S] sampled ids per uncollected step
         self.unsampled_rows: int | None = None             # a defer_sampling step's row count
@@ -84,11 +86,8 @@ class HostOnlyRunner:
         self._emit(num_rows)
 
     def _emit(self, num_rows: int) -> None:
-        self.num_steps += 1
-        ids = (torch.arange(num_rows, dtype=torch.int64, device=self.device) * 7919 + self.num_steps) % (
-            self.vocab_size - 1) + 1                                                   # [S], never 0
-        self.last_sampled = ids
-        self.pending.append(ids)
+        self.last_sampled = self.ids[:num_rows]                                      # [S]
+        self.pending.append(self.last_sampled)
 
     def collect(self) -> StepResult:
         return StepResult(token_ids=self.pending.popleft().tolist())
