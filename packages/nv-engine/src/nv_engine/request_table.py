@@ -37,6 +37,7 @@ class RequestTable:
         self._reports_every_token: dict[str, bool] = {}      # id -> the request's rule
         self.num_penalty_requests = 0
         self.num_prompt_logprobs_requests = 0
+        self.num_multi_completion_requests = 0       # n > 1
         self.first_scheduled: dict[str, float] = {}   # first scheduled since the last take_first_scheduled
         self._scheduled_once: set[str] = set()
 
@@ -75,6 +76,7 @@ class RequestTable:
         self._reports_every_token[request.request_id] = request.reports_every_token
         self.num_penalty_requests += params.needs_output_token_ids
         self.num_prompt_logprobs_requests += params.prompt_logprobs is not None
+        self.num_multi_completion_requests += params.n > 1
 
     def add_siblings(self, request_id: str) -> None:
         """Add the request's completions 1..n-1 to the scheduler."""
@@ -100,6 +102,7 @@ class RequestTable:
         self._scheduled_once.discard(request_id)
         self.num_penalty_requests -= params.needs_output_token_ids
         self.num_prompt_logprobs_requests -= params.prompt_logprobs is not None
+        self.num_multi_completion_requests -= params.n > 1
         self.structured_outputs.remove_request(request_id, [seq.seq_id for seq in seqs])
         return seqs
 
@@ -131,11 +134,24 @@ class RequestTable:
             samples = unpack_results(result, batch.logprob_counts)
         updates: list[SequenceUpdate] = []
         make_update = tuple.__new__        # SequenceUpdate(*fields) without its Python-level __new__
+        # No logprobs, prompt logprobs or siblings to see to in this step: a running sequence's
+        # update is its new ids alone (the streamed token of most steps)
+        plain = samples is None and not self.num_prompt_logprobs_requests and not self.num_multi_completion_requests
         for i, entry in enumerate(sampling):
             seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the core adds only these
+            if seq.reported_finished:
+                continue
             finished = seq.status is _FINISHED
-            if seq.reported_finished or not (finished or seq.reports_each_token):
-                continue                                   # nothing to report this step
+            if not finished:
+                if not seq.reports_each_token:
+                    continue                               # nothing to report this step
+                if plain:
+                    output = seq.output_token_ids
+                    updates.append(make_update(SequenceUpdate, (
+                        seq.request_id, seq.index, output[seq.num_reported:], None, 0.0, None, seq.stop_token_id,
+                        seq.num_cached_tokens, None)))
+                    seq.num_reported = len(output)
+                    continue
             output = seq.output_token_ids
             new_token_ids = output[seq.num_reported:]
             seq.num_reported = len(output)

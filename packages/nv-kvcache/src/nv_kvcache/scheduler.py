@@ -95,6 +95,7 @@ class Scheduler:
                 f"sequence {seq.seq_id}: {most_tokens} tokens (prompt {num_prompt} + max_tokens "
                 f"{seq.rules.max_tokens}, capped at max_model_len) need {bm.cdiv_blocks(most_tokens)} "
                 f"blocks of {bm.block_size}, more than the whole cache ({bm.num_blocks} blocks)")
+        seq._length_limit = min(num_prompt + seq.rules.max_tokens, self.max_model_len)
         self._seqs[seq.seq_id] = seq
         self.waiting.append(seq)
 
@@ -240,7 +241,6 @@ class Scheduler:
         bm = self.block_manager
         caching = bm.enable_prefix_caching
         bs = self.block_size
-        max_model_len = self.max_model_len
         finished: list[Sequence] = []
         # entries paired with their sampled id (None: the chunk samples nothing); a pure decode
         # step samples in every entry
@@ -264,7 +264,7 @@ class Scheduler:
             output.append(token_id)
             if token_id in seq._stop_ids and seq.stopped_by_token():
                 reason = FinishReason.STOP
-            elif len(output) >= seq.rules.max_tokens or len(tokens) >= max_model_len:
+            elif len(tokens) >= seq._length_limit:     # max_tokens outputs or max_model_len tokens
                 reason = FinishReason.LENGTH
             else:
                 continue
