@@ -52,6 +52,7 @@ class StepBuilder:
             cu_seqlens_q = np.arange(num_seqs + 1, dtype=np.int32)                     # [B+1]
             token_rows = sampled_rows = rows
             logits_indices = np.arange(num_seqs, dtype=np.int64)                       # [S] = [B]
+            last_ids = input_ids                                                       # [S]
             max_seqlen_q = 1
         else:
             q_lens = np.array([s.num_new_tokens for s in scheduled], dtype=np.int64)  # [B]
@@ -68,11 +69,13 @@ class StepBuilder:
             token_rows = np.repeat(rows, q_lens)                                      # [T]
             samples = np.array([s.samples for s in scheduled], dtype=bool)            # [B]
             logits_indices = (seq_starts_in_batch + q_lens - 1)[samples]              # [S]
+            last_ids = input_ids[logits_indices]                                      # [S]
             sampled_rows = rows[samples]                                              # [S]
             seq_lens = (starts + q_lens).astype(np.int32)                             # [B]
             max_seqlen_q = int(q_lens.max()) if num_seqs else 0
         table = blocks.table
-        slot_mapping = table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs   # [T]
+        block_index, offset = np.divmod(positions, bs)                               # [T], [T]
+        slot_mapping = table[token_rows, block_index].astype(np.int64) * bs + offset  # [T]
         max_seqlen_k = int(seq_lens.max()) if num_seqs else 0
         block_tables = table[rows, :max(1, -(-max_seqlen_k // bs))]                   # [B, M]
         prompt_batch = None
@@ -81,8 +84,8 @@ class StepBuilder:
         prev_rows = prev_src = None
         previous_rows = self._sampled_rows
         if follows_previous and len(previous_rows):
-            placeholders = input_ids[logits_indices] == PLACEHOLDER_TOKEN             # [S]
-            if placeholders.all() and np.array_equal(sampled_rows, previous_rows):
+            placeholders = last_ids == PLACEHOLDER_TOKEN                              # [S]
+            if placeholders.all() and np.array_equal(sampled_rows, previous_rows):   # the same rows again
                 prev_rows, prev_src = logits_indices, np.arange(len(previous_rows), dtype=np.int64)  # [S], [S]
             elif placeholders.any():
                 sample_of_row = np.full(len(table), -1, dtype=np.int64)               # [R]
