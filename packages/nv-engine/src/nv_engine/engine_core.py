@@ -265,11 +265,13 @@ class EngineCore:
         batch = None
         defer_sampling = False
         if sampling:
-            # SamplingRow's fields as plain tuples (a NamedTuple per row per step costs more)
+            # SamplingRow's fields as plain tuples (a NamedTuple per row per step costs more); the
+            # token ids only when some request's penalties or bad words read them
             seqs: list[EngineSequence] = [entry.seq for entry in sampling]   # type: ignore[misc]  # the core adds only these
             batch = self.sampling_builder.build([
                 (seq.params, seq.seed, len(seq.output_token_ids), seq.prompt_token_ids, seq.output_token_ids)
-                for seq in seqs])
+                for seq in seqs] if self.requests.num_penalty_requests else [
+                (seq.params, seq.seed, len(seq.output_token_ids)) for seq in seqs])
             if self.grammar_sampling.active:               # structured outputs: the grammars' masks
                 defer_sampling = self.async_scheduling and self.requests.num_penalty_requests == 0
                 if not defer_sampling:                     # synchronous steps: fill it now
