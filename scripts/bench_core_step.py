@@ -159,9 +159,11 @@ def run(concurrency: int, steps: int, warmup: int, device: str, repeat: int, pro
         times = clean_run(concurrency, steps, warmup, device)
         total_ms = sum(map(sum, times.values())) * 1e3 / steps
         decode_ms = np.mean(times[True]) * 1e3 if times[True] else 0.0
+        decode_median_ms = np.median(times[True]) * 1e3 if times[True] else 0.0
         chunk_ms = np.mean(times[False]) * 1e3 if times[False] else 0.0
         print(f"  host work per step (clean run): {total_ms:.3f} ms; decode steps {decode_ms:.3f} ms "
-              f"({len(times[True])}), steps with a prompt chunk {chunk_ms:.3f} ms ({len(times[False])})")
+              f"(median {decode_median_ms:.3f}, {len(times[True])} steps), steps with a prompt chunk "
+              f"{chunk_ms:.3f} ms ({len(times[False])})")
 
     timed = Workload(concurrency, device)
     timer = StageTimer("core step", "step", PHASES, logging.getLogger(__name__), interval_s=float("inf"))
