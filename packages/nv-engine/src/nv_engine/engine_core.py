@@ -287,7 +287,7 @@ class EngineCore:
                                              prompt_logprobs=prompt_widths)
         step_input.defer_sampling = defer_sampling
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
-            1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
+            [s.num_new_tokens == 1 and bool(s.seq.output_token_ids) for s in out.scheduled])
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
                              step_input.prompt_logprobs)
         if self.record_timestamps and not out.is_pure_decode:
