@@ -6,10 +6,11 @@ fixed concurrency of streamed requests shaped like the serving headline: prompts
 random ids, max_tokens 100-1,024, temperature 0.6, ignore_eos, block size 64. A finished request is
 replaced at once, so prompt chunks join decode steps every few steps, as in serving.
 
-For each concurrency it prints the mean CPU milliseconds per step of the whole step (EngineCore.step_outputs
-plus encoding the outputs, what the core process does between two polls) measured clean, then the
-exclusive time of each phase measured with timers wrapped around the methods (a second run; the
-wrappers cost ~0.5 us a call):
+For each concurrency it prints the CPU milliseconds per step of the whole step (EngineCore.step_outputs
+plus encoding the outputs, what the core process does between two polls) measured clean (mean over
+all steps, mean and median over pure decode steps), then the exclusive time of each phase measured
+with CPU timers wrapped around the methods (a second run; each wrapped call costs about a
+microsecond more, charged to its caller's phase):
 
     add request    EngineCore.add_request of the requests that replace finished ones
     schedule       Scheduler.schedule (without the block manager's calls)
@@ -25,7 +26,8 @@ wrappers cost ~0.5 us a call):
 
     python scripts/bench_core_step.py [--concurrency 64 256] [--steps 1000] [--repeat 3] [--device cpu|cuda] [--profile]
 
---profile also prints cProfile's top functions (by own time) of a third run.
+--profile also prints cProfile's top functions (by own time) of a third run. The whole step runs on
+one thread, so a busy host shows as noise: compare runs made back to back, with --repeat.
 """
 from __future__ import annotations
 
