@@ -12,6 +12,7 @@ import torch
 from nv_engine.block_table_cache import BlockTableCache
 from nv_engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from nv_engine.runner.staging_buffer import StagingBuffer
+from nv_engine.step import PLACEHOLDER_TOKEN
 from nv_engine.step_builder import StepBuilder
 from nv_kvcache import Scheduler, Sequence, StopRules
 
@@ -74,6 +75,63 @@ def test_step_builder_matches_reference(block_size, budget, seed):
     assert preempted > 0 or seed == 2
 
 
+@pytest.mark.parametrize("block_size,budget,seed", [(16, 64, 0), (4, 32, 1), (16, 1024, 2)])
+def test_placeholders_take_the_previous_steps_samples(block_size, budget, seed):
+    """Async scheduling: step N+1 is built before step N's ids are back (step N postprocessed with
+    placeholders). Every placeholder input of N+1 must read the sampled row of its own sequence in
+    step N, through preemption, aborts, prefix hits and chunked prefill; the rest of each step must
+    still match the per-token reference, and a step that follows nothing has no placeholder rows."""
+    rng = random.Random(seed)
+    sched = Scheduler(num_blocks=max(12, 160 // block_size), block_size=block_size, max_num_seqs=8,
+                      max_num_batched_tokens=budget, max_model_len=128)
+    builder = StepBuilder(block_size, -(-128 // block_size))
+    prefix = [rng.randrange(1, 500) for _ in range(24)]
+    live: list[Sequence] = []
+    for i in range(14):
+        prompt = (prefix if i % 2 else []) + [rng.randrange(1, 500) for _ in range(rng.randint(1, 40))]
+        seq = Sequence(prompt, StopRules(max_tokens=rng.randint(1, 30), ignore_eos=True))
+        sched.add(seq)
+        live.append(seq)
+    previous = None                     # (SchedulerOutput, its sampled ids) not yet resolved
+    mapped = preempted = 0
+    while sched.has_unfinished() or previous is not None:
+        out = sched.schedule()
+        preempted += len(out.preempted)
+        if out.is_empty:
+            step = None
+        else:
+            step = builder.build(out, follows_previous=previous is not None)
+            ref = _reference(out, block_size)
+            positions = {row: i for i, row in enumerate(step.logits_indices.tolist())}
+            expected_rows, expected_src = [], []
+            if previous is not None:
+                sampled_before = {entry.seq.seq_id: j for j, entry in enumerate(previous[0].sampling)}
+                for entry, row in zip(out.sampling, step.logits_indices.tolist(), strict=True):
+                    if entry.seq.token_ids[-1] == PLACEHOLDER_TOKEN:
+                        expected_rows.append(row)
+                        expected_src.append(sampled_before[entry.seq.seq_id])
+            got_rows = [] if step.prev_rows is None else step.prev_rows.tolist()
+            got_src = [] if step.prev_src is None else step.prev_src.tolist()
+            assert (got_rows, got_src) == (expected_rows, expected_src)
+            assert all(row in positions for row in got_rows)
+            mapped += len(got_rows)
+            assert step.slot_mapping.tolist() == ref["slots"] and step.positions.tolist() == ref["positions"]
+        if previous is not None:         # step N's real ids arrive after N+1 was built
+            for seq in sched.resolve_placeholders(previous[0], previous[1], PLACEHOLDER_TOKEN):
+                builder.release(seq.seq_id)
+            previous = None
+        if step is not None:
+            for seq in sched.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
+                builder.release(seq.seq_id)
+            previous = (out, [rng.randrange(1, 500) for _ in out.sampling])
+        if rng.random() < 0.1 and sched.num_running:         # abort a running sequence now and then
+            victim = next(s for s in live if not s.is_finished and s.block_table)
+            sched.abort(victim.seq_id)
+            builder.release(victim.seq_id)
+    assert mapped > 0 and (preempted > 0 or seed == 2)
+    assert all(PLACEHOLDER_TOKEN not in seq.token_ids for seq in live)
+
+
 def test_block_table_cache_notices_a_replaced_table():
     cache = BlockTableCache(max_blocks_per_seq=8, initial_rows=1)
     seq = Sequence([1, 2, 3])
@@ -104,6 +162,23 @@ def test_staging_buffer_layout_and_padding():
     assert view.tolist() == [[1, 2], [3, 4]]
     with pytest.raises(AssertionError):
         rows.put(np.zeros(1000))
+
+
+def test_staging_views_of_a_repeated_layout_show_each_steps_values():
+    """A layout staged again (every replay of one CUDA-graph size) reuses its views: each step's
+    values, and the runner's writes into them, show through, in and out of inference mode."""
+    buf = StagingBuffer(torch.int64, 64, torch.device("cpu"))
+    seen = []
+    for step, inference in enumerate([False, True, True, False]):
+        with torch.inference_mode(inference):
+            buf.begin()
+            ids = buf.put(np.array([step, step + 1]), 4, fill=-1)
+            table = buf.put_rows(np.full((2, 3), step), 2, 3)
+            buf.upload()
+            ids[3] = 9                                   # the runner writes into staged inputs
+            seen.append((ids.tolist(), table.tolist()))
+    assert [s[0] for s in seen] == [[k, k + 1, -1, 9] for k in range(4)]
+    assert [s[1] for s in seen] == [[[k] * 3] * 2 for k in range(4)]
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

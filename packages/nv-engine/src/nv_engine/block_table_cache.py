@@ -33,6 +33,21 @@ class BlockTableCache:
             self.num_written[row] = 0
             self.free_rows.append(row)
 
+    def rows(self, seqs: list[Sequence]) -> list[int]:
+        """`row(seq)` of each sequence, with the common case (a row already in sync) inline."""
+        row_of, num_written, last_written = self.row_of, self.num_written, self.last_written
+        rows: list[int] = []
+        for seq in seqs:
+            row = row_of.get(seq.seq_id)
+            if row is not None:
+                blocks = seq.block_table
+                written = num_written[row]
+                if len(blocks) == written and (not written or last_written[row] == blocks[-1]):
+                    rows.append(row)
+                    continue
+            rows.append(self.row(seq))
+        return rows
+
     def row(self, seq: Sequence) -> int:
         """The sequence's row, brought up to date with its block table."""
         row = self.row_of.get(seq.seq_id)

@@ -33,7 +33,6 @@ dropped, so the next step starts clean.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,15 +45,15 @@ from nv_engine.engine_core_request import EngineCoreRequest
 from nv_engine.engine_requests import load_tokenizer
 from nv_engine.engine_sequence import EngineSequence
 from nv_engine.prompt_logprobs_recording import record_prompt_logprobs
-from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
-from nv_engine.sampling_params import SamplingParams
+from nv_engine.request_table import RequestTable
+from nv_engine.sampling_batch import SamplingBatchBuilder
 from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
 from nv_engine.step_builder import StepBuilder
 from nv_engine.structured_output.compiler import HFTokenizer
 from nv_engine.structured_output.grammar_sampling import GrammarSampling
 from nv_engine.structured_output.manager import StructuredOutputManager
 from nv_engine.warmup_steps import WarmupSteps
-from nv_kvcache import FinishReason, ScheduledSeq, Scheduler, SchedulerOutput, StopRules
+from nv_kvcache import FinishReason, Scheduler, SchedulerOutput
 
 if TYPE_CHECKING:
     from nv_engine.executor import Executor
@@ -81,17 +80,19 @@ class EngineCore:
 
     record_timestamps: note when each request is first scheduled (EngineCoreOutputs.first_scheduled)
     and take the scheduler's stats snapshot each step; off in the offline LLM, which has no use for
-    them."""
+    them. executor: a ready executor to run the steps on (benchmarks of the host side); None:
+    `create_executor(config)`."""
 
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
-                 record_timestamps: bool = False, tokenizer: HFTokenizer | None = None) -> None:
+                 record_timestamps: bool = False, tokenizer: HFTokenizer | None = None,
+                 executor: Executor | None = None) -> None:
         from nv_engine.executor import create_executor
 
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = int(config.hf_config.vocab_size)
         self.record_timestamps = record_timestamps
-        self.executor: Executor | None = create_executor(config)
+        self.executor: Executor | None = create_executor(config) if executor is None else executor
         try:
             self.num_blocks = int(self.executor.determine_num_blocks())
             self._check_kv_cache_holds_one_sequence()
@@ -121,18 +122,13 @@ class EngineCore:
             (lambda: tokenizer) if tokenizer is not None else (lambda: load_tokenizer(config)),
             self.vocab_size, sorted(self.eos_token_ids))
         self.grammar_sampling = GrammarSampling(self.structured_outputs)
-        self.rng = random.Random(config.seed)
-        self.requests: dict[str, list[EngineSequence]] = {}   # unfinished: id -> its sequences so far
-        self._reports_every_token: dict[str, bool] = {}       # unfinished: id -> the request's rule
+        self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
+                                     config.max_model_len, config.seed)   # the unfinished ones
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
         self.async_scheduling = True if config.async_scheduling is None else bool(config.async_scheduling)
         self._inflight: _Launched | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
-        self._num_penalty_requests = 0
-        self._num_prompt_logprobs_requests = 0
-        self._first_scheduled: dict[str, float] = {}   # this step's, for EngineCoreOutputs
-        self._scheduled_once: set[str] = set()          # unfinished requests scheduled at least once
 
     def _check_kv_cache_holds_one_sequence(self) -> None:
         config = self.config
@@ -146,55 +142,22 @@ class EngineCore:
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; ValueError (core unchanged) when it can never run."""
-        request_id = request.request_id
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
         params = request.params
-        ids = request.prompt_token_ids
-        rules = params.stop_rules(self.eos_token_ids, max_model_len=self.config.max_model_len,
-                                  prompt_len=len(ids))
-        # The first of n > 1 reports its first token: its siblings are added then.
-        first = self._new_sequence(request_id, 0, ids, rules, params,
-                                   request.reports_every_token or params.n > 1)
+        first = self.requests.first_sequence(request)      # may raise ValueError: nothing kept yet
         if params.structured_outputs is None:
             self.scheduler.add(first)                      # may raise ValueError: nothing kept yet
         else:                                              # structured outputs: held until compiled
             self.structured_outputs.hold(first)            # may raise ValueError: nothing kept yet
-        seqs = [first]
-        self.requests[request_id] = seqs
-        self._reports_every_token[request_id] = request.reports_every_token
-        self._num_penalty_requests += params.needs_output_token_ids
-        self._num_prompt_logprobs_requests += params.prompt_logprobs is not None
+        self.requests.add(request, first)
         if params.n > 1 and not self.config.enable_prefix_caching and params.structured_outputs is None:
-            self._add_siblings(seqs)                       # nothing to share: batch them at once
-
-    def _new_sequence(self, request_id: str, index: int, prompt_token_ids: list[int], rules: StopRules,
-                      params: SamplingParams, reports_each_token: bool) -> EngineSequence:
-        return EngineSequence(prompt_token_ids, rules, request_id=request_id, index=index, params=params,
-                              seed=sequence_seed(params.seed, index, self.rng),
-                              reports_each_token=reports_each_token)
-
-    def _add_siblings(self, seqs: list[EngineSequence]) -> None:
-        """Add completions 1..n-1 of seqs[0]'s request (after it computed the prompt, they find its
-        blocks in the prefix cache)."""
-        first = seqs[0]
-        params = first.params
-        reports = self._reports_every_token[first.request_id]
-        while len(seqs) < params.n:
-            seq = self._new_sequence(first.request_id, len(seqs), first.prompt_token_ids, first.rules, params,
-                                     reports)
-            self.scheduler.add(seq)
-            seqs.append(seq)
-        first.reports_each_token = reports
+            self.requests.add_siblings(request.request_id)   # nothing to share: batch them at once
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort requests (unknown or finished ids are ignored); their blocks are freed."""
         for rid in request_ids:
-            seqs = self.requests.pop(rid, None)
+            seqs = self.requests.forget(rid)               # structured outputs: their state too
             if seqs is None:
                 continue
-            self._forget(rid, seqs[0].params)
-            self.structured_outputs.remove_request(rid, [seq.seq_id for seq in seqs])
             for seq in seqs:
                 seq.reported_finished = True               # a step in flight drops its token
                 if self.scheduler.abort(seq.seq_id) is not None:
@@ -210,13 +173,7 @@ class EngineCore:
             seq = seqs[index]
             if self.scheduler.finish(seq.seq_id, FinishReason.STOP) is not None:
                 self.step_builder.release(seq.seq_id)
-            self._reported_finished(seq)
-
-    def _forget(self, request_id: str, params: SamplingParams) -> None:
-        del self._reports_every_token[request_id]
-        self._scheduled_once.discard(request_id)
-        self._num_penalty_requests -= params.needs_output_token_ids
-        self._num_prompt_logprobs_requests -= params.prompt_logprobs is not None
+            self.requests.reported_finished(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -244,17 +201,8 @@ class EngineCore:
     def step_outputs(self) -> EngineCoreOutputs:
         """`step()` with what the frontend's statistics need (EngineCoreOutputs)."""
         updates = self.step()
-        first_scheduled, self._first_scheduled = self._first_scheduled, {}
-        return EngineCoreOutputs(updates, time.monotonic(), first_scheduled, self.scheduler.stats(),
-                                 tokens=self.last_step_tokens)
-
-    def _note_first_scheduled(self, out: SchedulerOutput) -> None:
-        now = time.monotonic()
-        for entry in out.scheduled:
-            request_id = entry.seq.request_id   # type: ignore[attr-defined]  # the core adds only these
-            if request_id not in self._scheduled_once:
-                self._scheduled_once.add(request_id)
-                self._first_scheduled[request_id] = now
+        return EngineCoreOutputs(updates, time.monotonic(), self.requests.take_first_scheduled(),
+                                 self.scheduler.stats(), tokens=self.last_step_tokens)
 
     def _step(self) -> list[SequenceUpdate]:
         scheduler = self.scheduler
@@ -276,7 +224,7 @@ class EngineCore:
         out = launched.out
         # overlap only while async scheduling is on: a step launched before it was switched off is
         # collected here, before the next one is launched (and collected) synchronously
-        if launched.result is None and self.async_scheduling and self._num_penalty_requests == 0:
+        if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0:
             for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
             following = scheduler.schedule()
@@ -297,7 +245,7 @@ class EngineCore:
                     scheduler, [s.seq for s in out.sampling], result.token_ids):  # type: ignore[misc]
                 self.step_builder.release(seq.seq_id)
             self.grammar_sampling.start_fill()
-        updates = self._report(out.sampling, result, launched.batch)
+        updates = self.requests.report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return failed + updates if failed else updates
 
@@ -307,7 +255,7 @@ class EngineCore:
         added, failed = self.grammar_sampling.admit(self.scheduler, wait)
         for seq in added:
             if seq.params.n > 1 and not self.config.enable_prefix_caching:
-                self._add_siblings(self.requests[seq.request_id])
+                self.requests.add_siblings(seq.request_id)
         updates = [SequenceUpdate(seq.request_id, index, [], None, 0.0, FinishReason.ABORT, None, 0)
                    for seq, _ in failed for index in range(seq.params.n)]
         self.abort_requests([seq.request_id for seq, _ in failed])
@@ -319,34 +267,33 @@ class EngineCore:
         batch = None
         defer_sampling = False
         if sampling:
-            rows = []
-            for entry in sampling:
-                seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the engine adds only these
-                rows.append(SamplingRow(seq.params, seq.seed, seq.num_output_tokens,
-                                        seq.prompt_token_ids, seq.output_token_ids))
-            batch = self.sampling_builder.build(rows)
+            # SamplingRow's fields as plain tuples (a NamedTuple per row per step costs more); the
+            # token ids only when some request's penalties or bad words read them
+            seqs: list[EngineSequence] = [entry.seq for entry in sampling]   # type: ignore[misc]  # the core adds only these
+            batch = self.sampling_builder.build([
+                (seq.params, seq.seed, len(seq.output_token_ids), seq.prompt_token_ids, seq.output_token_ids)
+                for seq in seqs] if self.requests.num_penalty_requests else [
+                (seq.params, seq.seed, len(seq.output_token_ids)) for seq in seqs])
             if self.grammar_sampling.active:               # structured outputs: the grammars' masks
-                defer_sampling = self.async_scheduling and self._num_penalty_requests == 0
+                defer_sampling = self.async_scheduling and self.requests.num_penalty_requests == 0
                 if not defer_sampling:                     # synchronous steps: fill it now
                     batch.token_bitmask = self.grammar_sampling.bitmask_now([s.seq for s in sampling])  # type: ignore[misc]
-        prev_index = None
-        if previous is not None and previous.out.sampling:
-            prev_index = {s.seq.seq_id: j for j, s in enumerate(previous.out.sampling)}
         prompt_widths = None
-        if self._num_prompt_logprobs_requests:
+        if self.requests.num_prompt_logprobs_requests:
             prompt_widths = {}
             for entry in out.scheduled:
-                seq = entry.seq   # type: ignore[assignment]
+                seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the core adds only these
                 if seq.prompt_logprobs is not None and seq.params.prompt_logprobs is not None:
                     prompt_widths[seq.seq_id] = seq.params.prompt_logprobs
-        step_input = self.step_builder.build(out, batch, prev_index, prompt_widths)
+        step_input = self.step_builder.build(out, batch, follows_previous=previous is not None,
+                                             prompt_logprobs=prompt_widths)
         step_input.defer_sampling = defer_sampling
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
-            1 for s in out.scheduled if s.num_new_tokens == 1 and s.seq.num_output_tokens > 0)
+            [s.num_new_tokens == 1 and bool(s.seq.output_token_ids) for s in out.scheduled])
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
                              step_input.prompt_logprobs)
         if self.record_timestamps and not out.is_pure_decode:
-            self._note_first_scheduled(out)
+            self.requests.note_first_scheduled(out)
         executor = self.live_executor()
         if self.async_scheduling:
             executor.launch(step_input)
@@ -365,50 +312,6 @@ class EngineCore:
         if result is None:
             raise RuntimeError("the executor returned no result for a step")
         return result
-
-    def _report(self, sampling: list[ScheduledSeq], result: StepResult,
-                batch: SamplingBatch | None) -> list[SequenceUpdate]:
-        """A SequenceUpdate for each of the step's sequences that has news."""
-        samples = None
-        if batch is not None and batch.flags.get("need_logprobs"):
-            samples = unpack_results(result, batch.logprob_counts)
-        updates: list[SequenceUpdate] = []
-        for i, entry in enumerate(sampling):
-            seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the core adds only these
-            finished = seq.is_finished
-            if not (finished or seq.reports_each_token) or seq.reported_finished:
-                continue                                   # nothing to report this step
-            output = seq.output_token_ids
-            new_token_ids = output[seq.num_reported:]
-            seq.num_reported = len(output)
-            logprobs, logprob_delta = None, 0.0
-            if samples is not None and seq.params.logprobs is not None:
-                sample = samples[i]
-                if sample.logprobs is not None and sample.logprob is not None:
-                    logprobs, logprob_delta = [sample.logprobs], sample.logprob
-            prompt_logprobs = None
-            if seq.prompt_logprobs is not None and seq.num_reported == len(new_token_ids):
-                prompt_logprobs = seq.prompt_logprobs          # its first update
-            updates.append(SequenceUpdate(
-                seq.request_id, seq.index, new_token_ids, logprobs, logprob_delta,
-                seq.finish_reason if finished else None, seq.stop_token_id, seq.num_cached_tokens,
-                prompt_logprobs))
-            if seq.index == 0 and seq.params.n > 1:
-                seqs = self.requests[seq.request_id]
-                if len(seqs) < seq.params.n:
-                    self._add_siblings(seqs)               # the prompt's blocks are now cached
-            if finished:
-                self._reported_finished(seq)
-        return updates
-
-    def _reported_finished(self, seq: EngineSequence) -> None:
-        """The frontend knows seq finished; the request is done once all its n are."""
-        seq.reported_finished = True
-        seqs = self.requests[seq.request_id]
-        if len(seqs) == seq.params.n and all(s.reported_finished for s in seqs):
-            del self.requests[seq.request_id]
-            self._forget(seq.request_id, seq.params)
-            self.structured_outputs.remove_request(seq.request_id, [s.seq_id for s in seqs])
 
     def _abandon_open_steps(self) -> None:
         """After a failed step: abort the requests of every step scheduled but not reported (their

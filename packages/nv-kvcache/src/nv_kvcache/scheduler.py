@@ -95,6 +95,7 @@ class Scheduler:
                 f"sequence {seq.seq_id}: {most_tokens} tokens (prompt {num_prompt} + max_tokens "
                 f"{seq.rules.max_tokens}, capped at max_model_len) need {bm.cdiv_blocks(most_tokens)} "
                 f"blocks of {bm.block_size}, more than the whole cache ({bm.num_blocks} blocks)")
+        seq._length_limit = min(num_prompt + seq.rules.max_tokens, self.max_model_len)
         self._seqs[seq.seq_id] = seq
         self.waiting.append(seq)
 
@@ -240,27 +241,30 @@ class Scheduler:
         bm = self.block_manager
         caching = bm.enable_prefix_caching
         bs = self.block_size
-        max_model_len = self.max_model_len
         finished: list[Sequence] = []
-        j = 0
-        for entry in out.scheduled:
+        # entries paired with their sampled id (None: the chunk samples nothing); a pure decode
+        # step samples in every entry
+        if len(sampled_token_ids) == len(out.scheduled):
+            pairs = zip(out.scheduled, sampled_token_ids, strict=True)
+        else:
+            ids = iter(sampled_token_ids)
+            pairs = ((entry, next(ids) if entry.samples else None) for entry in out.scheduled)
+        for entry, token_id in pairs:
             seq = entry.seq
-            if entry.samples:
-                token_id = sampled_token_ids[j]
-                j += 1
             if seq.status is not _RUNNING:     # finished / aborted between schedule and now
                 continue
             computed = seq.num_computed_tokens = seq.num_computed_tokens + entry.num_new_tokens
             if caching and computed >= (seq._num_hashed_blocks + 1) * bs:
                 bm.cache_full_blocks(seq)
-            if not entry.samples:
+            if token_id is None:
                 continue
-            seq.token_ids.append(token_id)
+            tokens = seq.token_ids
+            tokens.append(token_id)
             output = seq.output_token_ids
             output.append(token_id)
-            if seq.stopped_by_token():
+            if token_id in seq._stop_ids and seq.stopped_by_token():
                 reason = FinishReason.STOP
-            elif len(output) >= seq.rules.max_tokens or len(seq.token_ids) >= max_model_len:
+            elif len(tokens) >= seq._length_limit:     # max_tokens outputs or max_model_len tokens
                 reason = FinishReason.LENGTH
             else:
                 continue
@@ -286,11 +290,12 @@ class Scheduler:
         finished: list[Sequence] = []
         for entry, token_id in zip(out.sampling, sampled_token_ids, strict=True):
             seq = entry.seq
-            if not seq.output_token_ids or seq.token_ids[-1] != placeholder:
+            output = seq.output_token_ids
+            if not output or output[-1] != placeholder:
                 continue
             seq.token_ids[-1] = token_id
-            seq.output_token_ids[-1] = token_id
-            if not seq.stopped_by_token():
+            output[-1] = token_id
+            if token_id not in seq._stop_ids or not seq.stopped_by_token():
                 continue
             if seq.status is _FINISHED:
                 seq.finish_reason = FinishReason.STOP

@@ -34,8 +34,7 @@ class SchedulerOutput:
     @cached_property
     def is_pure_decode(self) -> bool:
         """Every entry computes one token and samples (an empty step is not a decode)."""
-        return bool(self.scheduled) and self.num_batched_tokens == len(self.scheduled) and all(
-            s.samples for s in self.scheduled)
+        return bool(self.scheduled) and self.num_batched_tokens == len(self.scheduled) == len(self.sampling)
 
     @property
     def num_seqs(self) -> int:

@@ -80,7 +80,7 @@ class Sequence:
         "stop_token_id", "num_computed_tokens", "num_cached_tokens", "block_table", "rules",
         "num_preemptions", "skip_prefix_cache",
         # private, owned by the block manager / scheduler
-        "_block_hashes", "_num_hashed_blocks", "_stop_ids", "_decode_entry",
+        "_block_hashes", "_num_hashed_blocks", "_stop_ids", "_decode_entry", "_length_limit",
     )
 
     def __init__(self, prompt_token_ids: Iterable[int], rules: StopRules | None = None, *,
@@ -118,6 +118,9 @@ class Sequence:
         self._num_hashed_blocks = 0          # leading blocks of block_table registered in the cache
         self._stop_ids = rules.stopping_ids
         self._decode_entry = None            # cached ScheduledSeq(self, 1, True)
+        # tokens (prompt + output) at which it finishes by LENGTH: max_tokens outputs or max_model_len,
+        # set by the scheduler that takes it
+        self._length_limit = len(prompt) + rules.max_tokens
 
     @property
     def num_tokens(self) -> int:

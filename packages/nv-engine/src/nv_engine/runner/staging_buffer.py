@@ -22,6 +22,7 @@ class StagingBuffer:
     """Stages arrays of one dtype; `begin()`, then `put*()` returning device views, then `upload()`."""
 
     MAX_VIEWS = 64  # views per step that the padding for alignment is reserved for
+    MAX_CACHED_VIEWS = 1024  # distinct (buffer, offset, shape) views kept for reuse
 
     def __init__(self, dtype: torch.dtype, capacity: int, device: torch.device) -> None:
         self.align = max(1, 16 // torch.empty(0, dtype=dtype).element_size())   # elements per 16 bytes
@@ -36,6 +37,9 @@ class StagingBuffer:
         self.capacity = capacity
         self.current = 0
         self.offset = 0
+        # (host buffer, start, shape) -> the view: a step's layout mostly repeats (always, for one
+        # CUDA-graph size), and slicing a tensor costs more than a dict lookup
+        self._views: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
 
     def begin(self) -> None:
         """Start a new step's layout at offset 0 in the next host buffer."""
@@ -52,9 +56,20 @@ class StagingBuffer:
         self.offset = start + n
         return start
 
-    def _view(self, start: int, n: int) -> torch.Tensor:
-        buf = self.device_buf if self.device_buf is not None else self.host[self.current]  # None: on CPU
-        return buf[start:start + n]
+    def _view(self, start: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """The device view of `shape` at `start` (one shared view per layout: writes through it
+        reach the buffer, as with a fresh slice)."""
+        key = (self.current, start, shape)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= self.MAX_CACHED_VIEWS:
+                self._views.clear()
+            buf = self.device_buf if self.device_buf is not None else self.host[self.current]  # None: on CPU
+            n = 1
+            for size in shape:
+                n *= size
+            view = self._views[key] = buf[start:start + n].view(shape)
+        return view
 
     def put(self, values: np.ndarray, n: int | None = None, fill: int | float = 0) -> torch.Tensor:
         """Stage `values` [k] into a slot of n >= k elements (tail = fill); device view [n]."""
@@ -65,7 +80,7 @@ class StagingBuffer:
         host[start:start + k] = values
         if n > k:
             host[start + k:start + n] = fill
-        return self._view(start, n)
+        return self._view(start, (n,))
 
     def put_rows(self, values: np.ndarray, n_rows: int, n_cols: int) -> torch.Tensor:
         """Stage a [b, m] array into an [n_rows, n_cols] slot (b <= n_rows, m <= n_cols); the
@@ -74,7 +89,7 @@ class StagingBuffer:
         start = self._reserve(n_rows * n_cols)
         host = self.host_np[self.current][start:start + n_rows * n_cols].reshape(n_rows, n_cols)
         host[:b, :m] = values
-        return self._view(start, n_rows * n_cols).view(n_rows, n_cols)
+        return self._view(start, (n_rows, n_cols))
 
     def upload(self) -> None:
         """Queue the copy of everything staged since begin() (non-blocking on CUDA)."""
