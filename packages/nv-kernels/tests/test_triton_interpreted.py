@@ -57,20 +57,6 @@ def test_decode_matches_reference(kernels: dict, poisoned: None, heads: tuple[in
     assert relative_error(out, ref) < TOL
 
 
-def test_decode_merges_splits_in_kernel_and_leaves_its_counters_at_zero(kernels: dict, poisoned: None) -> None:
-    """The last split of each (sequence, KV head) merges and resets its counter: a second call over other
-    inputs reuses the counters and is still right."""
-    decode = kernels["decode"]
-    for seed in (3, 4):
-        b = _batch([40, 7, 25], [1, 1, 1], (4, 2), 4, seed=seed)
-        out = decode.decode_attention(b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables, max_seqlen_k=64,
-                                      scale=0.25, num_splits=4)
-        ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
-                         max_seqlen_k=64, scale=0.25)
-        assert relative_error(out, ref) < TOL
-        assert not bool(decode.WORKSPACE.counters(b.q.device, 3 * 2).any())
-
-
 def test_decode_zero_length_rows_do_not_fault(kernels: dict, poisoned: None) -> None:
     b = _batch([9, 3, 20], [1, 1, 1], (4, 2), 4)
     seq_lens = torch.tensor([9, 0, 20], dtype=torch.int32)

@@ -1,5 +1,5 @@
 """The persistent scratch memory of the skinny GEMM's split-K: fp32 partial sums and per-column-block arrival
-counters, one pair per device (the decode attention kernel keeps its own instance, for its splits' counters).
+counters, one pair per device.
 
 Each split of a column block writes its partial sums, then increments the block's int32 counter; the program
 that arrives last adds the partials up, writes the output and puts the counter back to 0. So the counters are
@@ -37,8 +37,8 @@ class SplitKWorkspace:
         if current is not None and current.numel() >= numel:
             return current
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("a split-K workspace (skinny GEMM, decode attention) must grow during CUDA-graph "
-                               "capture: run this shape once eagerly before capturing it")
+            raise RuntimeError("the skinny GEMM's split-K workspace must grow during CUDA-graph capture: run "
+                               "this shape once eagerly before capturing it")
         if current is not None:
             self._retired.append(current)
         size = max(numel, 2 * current.numel() if current is not None else 0)

@@ -3,9 +3,7 @@
 Stage 1: one program per (sequence, KV head, split). The Hq/Hkv query heads that share the KV head
 are the rows of one tile, so every KV byte is read once for all of them. Each split covers
 cdiv(seq_len, NUM_SPLITS) tokens of its own sequence (read in-kernel), so the launch grid depends
-only on (B, Hkv, NUM_SPLITS): CUDA-graph safe. The splits' partials are merged by log-sum-exp in the
-same kernel: each split bumps its (sequence, KV head)'s arrival counter and the last to arrive merges, in
-split order, and puts the counter back to 0 (one kernel per layer, as the skinny GEMM's split-K).
+only on (B, Hkv, NUM_SPLITS): CUDA-graph safe. Stage 2 merges the splits by log-sum-exp.
 Ideas from SGLang / LightLLM two-stage decode and vLLM's triton_unified_attention (no code copied).
 An FP8 cache is dequantized in registers with no per-element scale: k_scale[h, :] (per channel, or one
 number) multiplies q once per program and v_scale[h, :] the output once (both read from device memory:
@@ -32,11 +30,9 @@ from torch import Tensor
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import is_fp8, scale_strides
-from nv_kernels.split_k_workspace import SplitKWorkspace
 
 LOG2E = 1.4426950408889634
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
-WORKSPACE = SplitKWorkspace()  # per (sequence, KV head) arrival counters of the splits, per device
 
 
 @triton.jit
@@ -112,7 +108,7 @@ def scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8: tl
 
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, COUNTERS, K_SCALE, V_SCALE, qk_scale,
+    Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, K_SCALE, V_SCALE, qk_scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_tb, stride_ob, stride_oh, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
@@ -164,39 +160,34 @@ def _decode_split_kernel(
                  out.to(OUT.dtype.element_ty), mask=out_mask)
     else:
         lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))  # [GP]
-        first = (b * NUM_Q_HEADS + heads) * NUM_SPLITS  # [GP] rows of [B, Hq, S]: this group's split 0
-        tl.store(PART_LSE + first + split, lse, mask=row_mask)
-        tl.store(PART_O + (first + split)[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
-        tl.debug_barrier()   # every thread's partials precede the release below
-        counter = COUNTERS + b * (NUM_Q_HEADS // GROUP) + kv_head
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel")   # splits of this (sequence, KV head) done before
-        if arrived == NUM_SPLITS - 1:   # the last one merges: the others' partials are visible (acquire)
-            _merge_splits(PART_O, PART_LSE, OUT, b, heads, first, d, row_mask, out_mask, stride_ob, stride_oh,
-                          GROUP_PAD, HEAD_DIM, D_PAD, NUM_SPLITS)
-            tl.atomic_xchg(counter, 0)   # ready for the next call
+        part = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [GP] rows of [B, Hq, S]
+        tl.store(PART_LSE + part, lse, mask=row_mask)
+        tl.store(PART_O + part[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
 
 
 @triton.jit
-def _merge_splits(PART_O, PART_LSE, OUT, b, heads, first, d, row_mask, out_mask, stride_ob, stride_oh,
-                  GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    """Log-sum-exp merge of one (sequence, KV head)'s split partials, in split order (the result does not
-    depend on which split finished last) -> OUT rows `heads`. The loads read L2 (.cg), never lines an earlier
-    call left in this SM's L1."""
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
-        m = tl.maximum(m, tl.load(PART_LSE + first + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
+def _decode_merge_kernel(
+    PART_O, PART_LSE, OUT, stride_ob, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, D_PAD)
+    row = (b * NUM_Q_HEADS + head) * NUM_SPLITS + s  # [S]
+    lse = tl.load(PART_LSE + row, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros([GROUP_PAD], tl.float32)
-    merged = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    for s in range(NUM_SPLITS):
-        w = tl.exp2(tl.load(PART_LSE + first + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg") - m)
-        o = tl.load(PART_O + (first + s)[:, None] * HEAD_DIM + d[None, :], mask=out_mask, other=0.0,
-                    cache_modifier=".cg")   # [GP, D]; empty splits weigh 0
-        total += w
-        merged += o * w[:, None]
-    out = merged / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(OUT.dtype.element_ty),
-             mask=out_mask)
+    w = tl.exp2(lse - m)  # [S]; 0 for empty splits
+    o = tl.load(PART_O + row[:, None] * HEAD_DIM + d[None, :],
+                mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)  # [S, D]
+    total = tl.sum(w, 0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(OUT + b * stride_ob + head * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def compute_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> tl.dtype:
@@ -268,10 +259,8 @@ def decode_attention(
     if num_splits > 1:
         part_o = _empty((batch, hq, num_splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = _empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
-        counters = WORKSPACE.counters(q.device, batch * hkv)   # 0 between calls: the merging split resets
     else:
         part_o = part_lse = out  # unused
-        counters = seq_lens
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     fp8 = is_fp8(k_cache.dtype)
     if fp8 and (k_scale is None or v_scale is None):
@@ -280,14 +269,19 @@ def decode_attention(
     v_strides = scale_strides(v_scale) if v_scale is not None else (0, 0)
     pdl = launch_options(q.device, batch)
     _decode_split_kernel[(batch, hkv, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse, counters,
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
         seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         block_tables.stride(0), out.stride(0), out.stride(1), *k_strides, *v_strides,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
         FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), V_TOKEN_MAJOR=v_strides_token_major(v_cache),
-        num_warps=num_warps or 4, num_stages=num_stages or (4 if tile > block_size >= 32 and not fp8 else 2),
-        **pdl,
+        num_warps=num_warps or 4, num_stages=num_stages or (4 if tile > block_size >= 32 and not fp8 else 2), **pdl,
     )
+    if num_splits > 1:
+        _decode_merge_kernel[(batch, hq)](
+            part_o, part_lse, out, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=hq, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=num_splits,
+            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4, **pdl,
+        )
     return out
