@@ -123,7 +123,7 @@ class StepProfile:
             raise ValueError("--profile needs the runner in this process (tensor_parallel_size 1)")
         for owner, name, stage in (
                 (core, "step", "core step"), (core, "_launch", "launch"), (core, "_collect", "wait ids"),
-                (core, "_report", "report"), (core.scheduler, "schedule", "schedule"),
+                (core.requests, "report", "report"), (core.scheduler, "schedule", "schedule"),
                 (core.scheduler, "postprocess", "postprocess"), (core.scheduler, "resolve_placeholders", "postprocess"),
                 (core.grammar_sampling, "finish_by_grammar", "accept"), (core.grammar_sampling, "start_fill", "fill"),
                 (core.grammar_sampling, "sample", "grammar sample"), (executor, "sample", "sample"),
