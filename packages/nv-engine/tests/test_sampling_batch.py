@@ -59,6 +59,26 @@ def test_static_part_is_cached_while_params_are_the_same_objects():
     assert pickle.loads(pickle.dumps(third)).seeds_positions.tolist() == [[5, 5], [2, 2]]
 
 
+def test_rebuilt_rows_follow_each_params_object_through_joins_leaves_and_reorders():
+    """When the rows change, each row's values come from its own SamplingParams (kept per object while
+    it is a row; a new object with a reused id is read afresh)."""
+    builder = SamplingBatchBuilder(VOCAB, [EOS])
+    a, b = SamplingParams(temperature=0.5, top_k=4), SamplingParams(temperature=0.9, presence_penalty=0.5)
+    first = builder.build([SamplingRow(a, 1, 0), SamplingRow(b, 2, 0)])
+    assert first.arrays["temperatures"].tolist() == pytest.approx([0.5, 0.9])
+    assert first.arrays["presence_penalties"].tolist() == [0.0, 0.5]
+    for _ in range(50):   # objects dropped and created: ids may be reused, values must not leak
+        c = SamplingParams(temperature=0.25, logprobs=3)
+        batch = builder.build([SamplingRow(c, 3, 0), SamplingRow(a, 1, 1)])
+        assert batch.arrays["temperatures"].tolist() == pytest.approx([0.25, 0.5])
+        assert batch.arrays["top_k"].tolist() == [0, 4] and "presence_penalties" not in batch.arrays
+        assert batch.flags["num_logprobs"] == 3 and batch.logprob_counts == [3, None]
+        del c
+    greedy = builder.build([SamplingRow(SamplingParams(temperature=0.0, min_tokens=2), 4, 0), SamplingRow(b, 2, 1)])
+    assert greedy.flags["any_greedy"] and not greedy.flags["all_greedy"]
+    assert greedy.banned_token_ids is not None and greedy.banned_token_ids[0].tolist()[:1] == [EOS]
+
+
 def test_build_is_fast_for_identical_params():
     builder = SamplingBatchBuilder(151936, [EOS])
     cache = SamplingTensorsSource("cpu")

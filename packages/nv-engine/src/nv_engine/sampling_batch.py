@@ -3,7 +3,9 @@ SamplingTensors (device), and a StepResult's sampled ids / logprobs back to per-
 
 It runs every step at batch ~256, so the parts that follow the requests' parameters (temperature,
 top-k/p, min-p, penalty factors, flags) are cached while the rows' SamplingParams objects are the
-same as last step; only seeds and positions (one [2, S] array, one copy) are rebuilt then.
+same as last step; only seeds and positions (one [2, S] array, one copy) are rebuilt then. When the
+rows change (a request joins or leaves: most steps under load), the arrays are rebuilt from one
+numeric row per SamplingParams, computed when the object is first seen and kept while it is a row.
 SamplingParams must not be changed after the request is added (the engine keeps a clone).
 """
 from __future__ import annotations
@@ -66,6 +68,19 @@ def _padded(lists: Sequence[Sequence[int] | None], width_rows: list[int], num_ro
     return out
 
 
+class _ParamsRow(NamedTuple):
+    """One SamplingParams as the static arrays read it (computed once per object)."""
+
+    params: SamplingParams      # kept: the cache is keyed by id(), which must not be reused meanwhile
+    values: tuple[float, ...]   # temperature (0 when greedy), top_k (0: off), top_p, min_p, presence,
+                                # frequency and repetition penalties (_VALUE_COLUMNS), logprobs (-1: None)
+    rare: bool                  # allowed ids, logit bias, min_tokens or bad words: looked at row by row
+
+
+_VALUE_COLUMNS = ("temperatures", "top_k", "top_p", "min_p", "presence_penalties", "frequency_penalties",
+                  "repetition_penalties")
+
+
 class SamplingBatchBuilder:
     """Builds each step's SamplingBatch; one per engine."""
 
@@ -74,6 +89,16 @@ class SamplingBatchBuilder:
         self.eos_token_ids = [int(t) for t in eos_token_ids if 0 <= int(t) < vocab_size]
         self._last_params: list[SamplingParams] = []
         self._static: _StaticPart | None = None
+        self._rows_by_id: dict[int, _ParamsRow] = {}   # the last static part's rows, by id(params)
+
+    def _params_row(self, p: SamplingParams) -> _ParamsRow:
+        greedy = p.temperature < SAMPLING_EPS
+        top_k = 0 if greedy or p.top_k >= self.vocab_size else max(p.top_k, 0)
+        values = (0.0 if greedy else p.temperature, top_k, 1.0 if greedy else p.top_p, 0.0 if greedy else p.min_p,
+                  p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
+                  -1 if p.logprobs is None else p.logprobs)
+        rare = bool(p.allowed_token_ids or p.logit_bias or p.min_tokens > 0 or p.bad_words_token_ids)
+        return _ParamsRow(p, values, rare)
 
     def build(self, rows: Sequence[SamplingRow | tuple]) -> SamplingBatch:
         if not rows:
@@ -109,24 +134,24 @@ class SamplingBatchBuilder:
 
     def _build_static(self, params: Sequence[SamplingParams]) -> _StaticPart:
         vocab = self.vocab_size
-        greedy = [p.temperature < SAMPLING_EPS for p in params]
-        temps = np.array([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], np.float32)
-        top_k = np.array([0 if g or p.top_k >= vocab else max(p.top_k, 0)
-                          for p, g in zip(params, greedy, strict=True)], np.int64)
-        top_p = np.array([1.0 if g else p.top_p for p, g in zip(params, greedy, strict=True)], np.float32)
-        min_p = np.array([0.0 if g else p.min_p for p, g in zip(params, greedy, strict=True)], np.float32)
+        known = self._rows_by_id
+        rows = [row if (row := known.get(id(p))) is not None and row.params is p else self._params_row(p)
+                for p in params]
+        self._rows_by_id = {id(row.params): row for row in rows}
+        table = np.array([row.values for row in rows], np.float64)   # [S, len(_VALUE_COLUMNS)]
+        temps, top_k = table[:, 0].astype(np.float32), table[:, 1].astype(np.int64)
+        top_p, min_p = table[:, 2].astype(np.float32), table[:, 3].astype(np.float32)
         arrays = dict(temperatures=temps, top_k=top_k, top_p=top_p, min_p=min_p)
-        for name, attr, off in (("presence_penalties", "presence_penalty", 0.0),
-                                ("frequency_penalties", "frequency_penalty", 0.0),
-                                ("repetition_penalties", "repetition_penalty", 1.0)):
-            values = np.array([getattr(p, attr) for p in params], np.float32)
+        for column, off in ((4, 0.0), (5, 0.0), (6, 1.0)):
+            values = table[:, column].astype(np.float32)
             if (values != off).any():
-                arrays[name] = values
-        allowed = [p.allowed_token_ids for p in params]
-        allowed_rows = [i for i, ids in enumerate(allowed) if ids]
+                arrays[_VALUE_COLUMNS[column]] = values
+        rare_rows = [i for i, row in enumerate(rows) if row.rare]
+        allowed_rows = [i for i in rare_rows if params[i].allowed_token_ids]
         if allowed_rows:
-            arrays["allowed_token_ids"] = _padded(allowed, allowed_rows, len(params), vocab)
-        bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
+            arrays["allowed_token_ids"] = _padded([p.allowed_token_ids for p in params], allowed_rows,
+                                                  len(params), vocab)
+        bias_rows = [i for i in rare_rows if params[i].logit_bias]
         if bias_rows:
             bias_ids = [list(p.logit_bias) if p.logit_bias else None for p in params]
             arrays["logit_bias_ids"] = _padded(bias_ids, bias_rows, len(params), vocab)
@@ -136,24 +161,30 @@ class SamplingBatchBuilder:
                 values[i, :len(bias)] = list(bias.values())
             arrays["logit_bias_values"] = values
         counts = [p.logprobs for p in params]
-        all_greedy = all(greedy)
+        logprobs = table[:, 7]                                                  # -1: none asked
+        greedy = temps == 0.0                                                   # (temperature < EPS)
         flags = SamplingFlags(
-            num_logprobs=max((c or 0 for c in counts), default=0),
-            need_logprobs=any(c is not None for c in counts),
-            all_greedy=all_greedy, any_greedy=any(greedy),
+            num_logprobs=max(int(logprobs.max()), 0), need_logprobs=bool((logprobs >= 0).any()),
+            all_greedy=bool(greedy.all()), any_greedy=bool(greedy.any()),
             any_top_k=bool((top_k > 0).any()), any_top_p=bool((top_p < 1.0).any()),
             any_min_p=bool((min_p > 0.0).any()),
             max_top_k=int(top_k.max()) if (top_k > 0).any() else None)
         min_rows = []
-        for row, p in enumerate(params):
+        for row in rare_rows:
+            p = params[row]
             if p.min_tokens > 0:
                 ids = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 ids = sorted(i for i in ids if i < vocab)
                 if ids:
                     min_rows.append((row, p.min_tokens, ids))
-        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
-        pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
-        bad_word_rows = [i for i, p in enumerate(params) if p.bad_words_token_ids]
+        penalties = [arrays[name] for name in _VALUE_COLUMNS[4:6] if name in arrays]   # != 0 somewhere
+        repetition = arrays.get("repetition_penalties")                                 # != 1 somewhere
+        rep_rows = np.flatnonzero(repetition != 1.0).tolist() if repetition is not None else []
+        pen_mask = (repetition != 1.0) if repetition is not None else np.zeros(len(params), bool)
+        for values in penalties:
+            pen_mask |= values != 0.0
+        pen_rows = np.flatnonzero(pen_mask).tolist()
+        bad_word_rows = [i for i in rare_rows if params[i].bad_words_token_ids]
         return _StaticPart(next(_static_ids), arrays, flags, counts, min_rows, bad_word_rows, rep_rows,
                            pen_rows)
 
