@@ -70,6 +70,20 @@ def _load_kv_tile(cache, table_row, n0, n, n_mask, kv_head, d, d_mask,
 
 
 @triton.jit
+def load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask,
+                  stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
+                  V_TOKEN_MAJOR: tl.constexpr, COMPUTE: tl.constexpr):
+    """K and V tiles [TILE, D] of tokens n in COMPUTE (a no-op cast unless the cache is FP8). MASKED: zero
+    past n_mask, except a token-major V tile, which is never masked per token (see _load_kv_tile)."""
+    k = _load_kv_tile(K, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
+                      stride_ch, 1, BLOCK_SIZE, TILE, MASKED)
+    v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_vb, stride_vs,
+                      stride_vh, stride_vd, BLOCK_SIZE, TILE, MASKED and not V_TOKEN_MAJOR)
+    return k.to(COMPUTE), v.to(COMPUTE)
+
+
+@triton.jit
 def _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
                  stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale,
                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
@@ -77,11 +91,9 @@ def _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
     """One online-softmax step over tokens n0 .. n0+TILE-1; MASKED: the tile may reach past `end`."""
     n = n0 + tl.arange(0, TILE)
     n_mask = n < end
-    k = _load_kv_tile(K, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
-                      stride_ch, 1, BLOCK_SIZE, TILE, MASKED)  # [TILE, D]
-    v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_vb, stride_vs,
-                      stride_vh, stride_vd, BLOCK_SIZE, TILE, MASKED and not V_TOKEN_MAJOR)
-    k, v = k.to(COMPUTE), v.to(COMPUTE)  # no-op unless the cache is FP8
+    k, v = load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs, stride_ch,
+                         stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, TILE, MASKED, V_TOKEN_MAJOR,
+                         COMPUTE)  # [TILE, D] each
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TILE], log2 units
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))

@@ -21,7 +21,7 @@ from torch import Tensor
 from nv_kernels import triton_decode
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import is_fp8, scale_strides
-from nv_kernels.triton_decode import LOG2E, _load_kv_tile, compute_dtype, scaled_query
+from nv_kernels.triton_decode import LOG2E, compute_dtype, load_kv_tiles, scaled_query
 
 
 @triton.jit
@@ -32,11 +32,9 @@ def _attend_tile(q, acc, m_i, l_i, K, V, table_row, n0, kv_end, q_pos, kv_head, 
     """One online-softmax step over keys n0 .. n0+TILE_N-1."""
     n = n0 + tl.arange(0, TILE_N)
     n_mask = n < kv_end
-    k = _load_kv_tile(K, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs,
-                      stride_ch, 1, BLOCK_SIZE, TILE_N, True)  # [TILE_N, D]
-    v = _load_kv_tile(V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_vb, stride_vs,
-                      stride_vh, stride_vd, BLOCK_SIZE, TILE_N, not V_TOKEN_MAJOR)
-    k, v = k.to(COMPUTE), v.to(COMPUTE)  # no-op unless the cache is FP8
+    k, v = load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs, stride_ch,
+                         stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, TILE_N, True, V_TOKEN_MAJOR,
+                         COMPUTE)  # [TILE_N, D] each
     if V_TOKEN_MAJOR and CAUSAL:   # read unmasked: p is 0 past kv_end, but 0 * NaN is not (the tiles
         v = tl.where(v == v, v, 0.0)   # before the causal ones lie before kv_end)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, TILE_N] log2 units
