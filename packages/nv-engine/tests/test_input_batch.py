@@ -33,20 +33,28 @@ def _reference(out, block_size: int) -> dict:
                 tables=tables)
 
 
-@pytest.mark.parametrize("block_size,budget,seed", [(16, 64, 0), (4, 32, 1), (16, 1024, 2), (1, 16, 3)])
-def test_step_builder_matches_reference(block_size, budget, seed):
-    rng = random.Random(seed)
+def _scheduler_with_requests(block_size: int, budget: int, rng: random.Random, count: int
+                             ) -> tuple[Scheduler, StepBuilder, list[Sequence]]:
+    """A small scheduler (preempts under this load) with `count` requests added, every other one sharing a
+    24-token prefix, and a StepBuilder for it."""
     sched = Scheduler(num_blocks=max(12, 160 // block_size), block_size=block_size, max_num_seqs=8,
                       max_num_batched_tokens=budget, max_model_len=128)
     builder = StepBuilder(block_size, -(-128 // block_size))
     prefix = [rng.randrange(1, 500) for _ in range(24)]
     live: list[Sequence] = []
-    preempted = steps = 0
-    for i in range(12):
+    for i in range(count):
         prompt = (prefix if i % 2 else []) + [rng.randrange(1, 500) for _ in range(rng.randint(1, 40))]
         seq = Sequence(prompt, StopRules(max_tokens=rng.randint(1, 30), ignore_eos=True))
         sched.add(seq)
         live.append(seq)
+    return sched, builder, live
+
+
+@pytest.mark.parametrize("block_size,budget,seed", [(16, 64, 0), (4, 32, 1), (16, 1024, 2), (1, 16, 3)])
+def test_step_builder_matches_reference(block_size, budget, seed):
+    rng = random.Random(seed)
+    sched, builder, live = _scheduler_with_requests(block_size, budget, rng, 12)
+    preempted = steps = 0
     while sched.has_unfinished():
         out = sched.schedule()
         preempted += len(out.preempted)
@@ -82,16 +90,7 @@ def test_placeholders_take_the_previous_steps_samples(block_size, budget, seed):
     step N, through preemption, aborts, prefix hits and chunked prefill; the rest of each step must
     still match the per-token reference, and a step that follows nothing has no placeholder rows."""
     rng = random.Random(seed)
-    sched = Scheduler(num_blocks=max(12, 160 // block_size), block_size=block_size, max_num_seqs=8,
-                      max_num_batched_tokens=budget, max_model_len=128)
-    builder = StepBuilder(block_size, -(-128 // block_size))
-    prefix = [rng.randrange(1, 500) for _ in range(24)]
-    live: list[Sequence] = []
-    for i in range(14):
-        prompt = (prefix if i % 2 else []) + [rng.randrange(1, 500) for _ in range(rng.randint(1, 40))]
-        seq = Sequence(prompt, StopRules(max_tokens=rng.randint(1, 30), ignore_eos=True))
-        sched.add(seq)
-        live.append(seq)
+    sched, builder, live = _scheduler_with_requests(block_size, budget, rng, 14)
     previous = None                     # (SchedulerOutput, its sampled ids) not yet resolved
     mapped = preempted = 0
     while sched.has_unfinished() or previous is not None:
