@@ -69,8 +69,8 @@ def test_profile_runs_work_on_any_device(runner):
     worst-case sampler; a decode over a scratch one-block cache) run, and put the cache back."""
     runner.allocate_kv_cache(32)
     with torch.inference_mode():
-        runner._dummy_prefill(300, 8)          # two sequences: 256 (max_model_len) + 44 tokens
-        runner._dummy_decode(8)
+        runner.memory_profiler.dummy_prefill(300, 8)        # two sequences: 256 (max_model_len) + 44 tokens
+        runner.memory_profiler.dummy_decode(8)
     assert runner.attention_layers[0].k_cache.shape[0] == 32          # the real cache is back
 
 

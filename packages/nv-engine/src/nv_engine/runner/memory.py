@@ -1,4 +1,4 @@
-"""How many KV-cache blocks fit: the arithmetic. From a memory profile on CUDA (ModelRunner.profile_memory
+"""How many KV-cache blocks fit: the arithmetic. From a memory profile on CUDA (DummyStepProfiler.profile
 runs the dummy steps), from a byte budget on CPU.
 
 CUDA: the runner measures the peak of a max-size dummy step (a prefill of max_num_batched_tokens

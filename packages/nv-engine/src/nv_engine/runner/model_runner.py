@@ -14,25 +14,23 @@ in between: the next `launch` takes its input ids from this step's sampled ids.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
-from typing import NamedTuple, Protocol, cast
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from nv_engine.checkpoints.registry import get_model_class
 from nv_engine.config import EngineConfig
 from nv_engine.runner.cuda_graphs import DecodeGraphs
+from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KVCacheLayer
 from nv_engine.runner.input_stager import InputStager
 from nv_engine.runner.kv_scales import KVScaleSetter
-from nv_engine.runner.memory import MemoryProfile, cpu_num_blocks, cuda_memory_state, graph_reserve
+from nv_engine.runner.memory import cpu_num_blocks
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, SamplingBatch, StepInput, StepResult
@@ -55,25 +53,6 @@ from nv_layers.sampler import Sampler, SamplingTensors, compute_logprobs
 logger = logging.getLogger(__name__)
 
 FP8_KV_BACKENDS = ("triton", "torch")   # the backends that read an FP8 KV cache (nv_kernels.kv_quant)
-
-
-class CausalLM(Protocol):
-    """What the runner uses of a model class from the registry (an nn.Module)."""
-
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...  # [T], [T] -> [T, H]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...  # [S, H] -> [S, V]
-
-    def modules(self) -> Iterator[nn.Module]: ...
-
-
-class KVCacheLayer(Protocol):
-    """An attention layer of the model: the runner assigns its KV cache."""
-
-    k_cache: torch.Tensor  # [NB, BS, Hkv, D]
-    v_cache: torch.Tensor  # [NB, BS, Hkv, D]
-    num_kv_heads: int
-    head_dim: int
 
 
 def runner_device(config: EngineConfig, rank: int) -> torch.device:
@@ -120,6 +99,8 @@ class ModelRunner:
                                                           if hasattr(m, "k_cache") and hasattr(m, "v_cache")])
         if not self.attention_layers:
             raise ValueError(f"{type(self.model).__name__} has no attention layers with a KV cache")
+        self.memory_profiler = DummyStepProfiler(self.model, self.attention_layers, self.backend, self.sampler,
+                                                  self.sampling_tensors, config, self.device)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
@@ -151,7 +132,7 @@ class ModelRunner:
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override
         elif self.device.type == "cuda":
-            profile = self.profile_memory()
+            profile = self.memory_profiler.profile()
             budget = profile.kv_budget(config.gpu_memory_utilization)
             logger.info("KV-cache budget: %s", profile.describe(config.gpu_memory_utilization))
             num_blocks = max(0, budget // self.kv_block_bytes())
@@ -173,80 +154,6 @@ class ModelRunner:
         tensor = torch.tensor([value], dtype=torch.int64, device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=get_tp_group())
         return int(tensor.item())
-
-    def profile_memory(self) -> MemoryProfile:
-        """CUDA: peak of a max-size prefill step + sampler, and the activations of a max-size decode."""
-        device, config = self.device, self.config
-        gc.collect()
-        total, non_torch = cuda_memory_state(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        num_rows = min(self.max_batch, config.max_num_batched_tokens)
-        self._dummy_prefill(config.max_num_batched_tokens, num_rows)
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
-        reserve = 0
-        if not config.enforce_eager:
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            self._dummy_decode(self.max_batch)
-            torch.cuda.synchronize(device)
-            reserve = graph_reserve(torch.cuda.max_memory_allocated(device) - base)
-        torch.cuda.empty_cache()
-        return MemoryProfile(total=total, non_torch=non_torch, peak=peak, graph_reserve=reserve)
-
-    def _dummy_prefill(self, num_tokens: int, num_rows: int) -> None:
-        """A prefill of num_tokens tokens (sequences of up to max_model_len) without a KV cache,
-        then logits and a worst-case sampler for num_rows rows."""
-        seq_len = min(num_tokens, self.config.max_model_len)
-        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
-        positions = np.concatenate([np.arange(n) for n in lens])
-        cu = np.zeros(len(lens) + 1, dtype=np.int32)
-        cu[1:] = np.cumsum(lens)
-        dev = self.device
-        ctx = ForwardContext(
-            is_decode=False, slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-            block_tables=torch.zeros(len(lens), 1, dtype=torch.int32, device=dev),
-            cu_seqlens_q=torch.from_numpy(cu).to(dev), max_seqlen_q=seq_len, max_seqlen_k=seq_len,
-            logits_indices=torch.arange(num_rows, dtype=torch.int64, device=dev) % num_tokens,
-            backend=self.backend)
-        caches = [(layer.k_cache, layer.v_cache) for layer in self.attention_layers]
-        for layer in self.attention_layers:          # attention within the batch only, no cache
-            layer.k_cache = layer.v_cache = torch.empty(0)
-        try:
-            with forward_context(ctx):
-                hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=dev),
-                                    torch.from_numpy(positions).to(dev))
-                logits = self.model.compute_logits(hidden)
-        finally:
-            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
-                layer.k_cache, layer.v_cache = k_cache, v_cache
-        del hidden
-        # every rank samples (launch)
-        self.sampler(logits, self.sampling_tensors.worst_case(num_rows, logits.shape[1]))
-
-    def _dummy_decode(self, batch_size: int) -> None:
-        """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
-        bs, dev = self.config.block_size, self.device
-        caches = [(layer.k_cache, layer.v_cache) for layer in self.attention_layers]
-        for layer in self.attention_layers:   # the real cache's layout: the same kernel variants
-            _, layer.k_cache, layer.v_cache = allocate_kv_cache(1, bs, layer.num_kv_heads, layer.head_dim,
-                                                                self.config.kv_dtype, dev)
-        try:
-            ctx = ForwardContext(
-                is_decode=True, slot_mapping=torch.full((batch_size,), -1, dtype=torch.int64, device=dev),
-                seq_lens=torch.ones(batch_size, dtype=torch.int32, device=dev),
-                block_tables=torch.zeros(batch_size, 1, dtype=torch.int32, device=dev),
-                cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=1, logits_indices=None,
-                backend=self.backend)
-            with forward_context(ctx):
-                hidden = self.model(torch.zeros(batch_size, dtype=torch.int64, device=dev),
-                                    torch.zeros(batch_size, dtype=torch.int64, device=dev))
-            self.model.compute_logits(hidden)
-        finally:
-            for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
-                layer.k_cache, layer.v_cache = k_cache, v_cache
 
     # ---- KV cache and graphs -----------------------------------------------------------------
     def allocate_kv_cache(self, num_blocks: int) -> None:
