@@ -30,7 +30,7 @@ def quantize_to(x, scale_ptrs, mask, FP8_MAX: tl.constexpr, dtype: tl.constexpr)
 def _store_kvcache_kernel(
     KEY, VALUE, K_CACHE, V_CACHE, SLOTS, K_SCALE, V_SCALE,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
-    stride_vb, stride_vs, stride_vh_cache, stride_vd,
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,
     stride_ksh, stride_ksd, stride_vsh, stride_vsd,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, FP8_MAX: tl.constexpr,
@@ -47,8 +47,8 @@ def _store_kvcache_kernel(
     tl.store(K_CACHE + dst, quantize_to(k, k_scales, mask, FP8_MAX, K_CACHE.dtype.element_ty), mask=mask)
     v = tl.load(VALUE + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     v_scales = V_SCALE + h[:, None] * stride_vsh + d[None, :] * stride_vsd
-    v_dst = ((slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs + h[:, None] * stride_vh_cache
-             + d[None, :] * stride_vd)   # V's own strides: token-major in an FP8 cache (kv_layout.py)
+    v_dst = ((slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs + h[:, None] * stride_vch
+             + d[None, :] * stride_vcd)   # V's own strides: token-major in an FP8 cache (kv_layout.py)
     tl.store(V_CACHE + v_dst, quantize_to(v, v_scales, mask, FP8_MAX, V_CACHE.dtype.element_ty), mask=mask)
 
 
