@@ -177,7 +177,8 @@ def test_logprobs_match_hf(llm, hf_ref):
 
 def test_emulated_decode_graphs_match_hf(tiny_qwen3_dir, hf_ref):
     """The CUDA-graph input path on CPU: static staging addresses, batches padded to captured sizes
-    (padding rows: slot -1, length 0), context bound max_model_len; replays run eagerly."""
+    (padding rows: slot -1, length 0), context bound max_model_len; replays run eagerly. Prefill steps
+    take the piecewise graphs' path (padded, attention between the pieces on the real rows)."""
     prompts = _prompts([3, 17, 33, 50, 71, 5, 9, 12, 40, 2, 66], seed=7)
     params = [SamplingParams(temperature=0.0, max_tokens=10 + 3 * i, ignore_eos=True) for i in range(len(prompts))]
     llm = LLM(str(tiny_qwen3_dir), max_num_seqs=12)
@@ -186,11 +187,15 @@ def test_emulated_decode_graphs_match_hf(tiny_qwen3_dir, hf_ref):
     replayed = []
     replay = runner.graphs.replay
     runner.graphs.replay = lambda padded, batch: (replayed.append((padded, batch)), replay(padded, batch))[1]
+    mixed_replayed = []
+    mixed_replay = runner.mixed_graphs.replay
+    runner.mixed_graphs.replay = lambda padded, n: (mixed_replayed.append((padded, n)), mixed_replay(padded, n))[1]
     try:
         outputs = llm.generate(prompts, params, use_tqdm=False)
     finally:
         llm.shutdown()
     assert {p for p, _ in replayed} >= {12, 8} and any(p > b for p, b in replayed)   # padded replays ran
+    assert mixed_replayed and any(p > n for p, n in mixed_replayed)                  # and prefill steps
     for prompt, param, out in zip(prompts, params, outputs, strict=True):
         assert out.outputs[0].token_ids == hf_ref(prompt)[0][:param.max_tokens]
 

@@ -99,8 +99,10 @@ def _greedy_run(runner: ModelRunner, prompts: list[list[int]],
 
 def test_emulated_decode_graphs_match_eager(tiny_model_dir):
     """Decode batches through the CUDA-graph layout (staged at fixed addresses, padded to the captured
-    sizes with slot -1 / length 0 rows, context bound max_model_len) sample the same greedy ids, with
-    the same logprobs, as eager steps."""
+    sizes with slot -1 / length 0 rows, context bound max_model_len), and prefill / mixed steps through
+    the piecewise graphs' layout (padded ids / positions / slots, q and the attention output in shared
+    static buffers, attention on the real rows only), sample the same greedy ids, with the same
+    logprobs, as eager steps."""
     config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
                         block_size=16).create_engine_config()
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate([5, 17, 33, 2, 40, 9, 21])]
@@ -120,6 +122,12 @@ def test_emulated_decode_graphs_match_eager(tiny_model_dir):
         replayed = []
         replay = graphs.replay
         graphs.replay = lambda padded, batch: (replayed.append((padded, batch)), replay(padded, batch))[1]
+        mixed = graph_runner.mixed_graphs
+        assert mixed is not None and mixed.sizes[0] == 16
+        assert mixed.sizes[-1] == min(config.max_num_batched_tokens, 2048)
+        mixed_replayed = []
+        mixed_replay = mixed.replay
+        mixed.replay = lambda padded, n: (mixed_replayed.append((padded, n)), mixed_replay(padded, n))[1]
         graph_ids, graph_logprobs = _greedy_run(graph_runner, prompts, max_tokens)
     finally:
         graph_runner.shutdown()
@@ -129,3 +137,5 @@ def test_emulated_decode_graphs_match_eager(tiny_model_dir):
         assert graph_lps == pytest.approx(eager_lps, abs=1e-5)
     assert any(padded > batch for padded, batch in replayed)          # padding rows ran
     assert {padded for padded, _ in replayed} >= {8, 4, 1}
+    # prefill and mixed steps ran through the piecewise-graph path, padded
+    assert mixed_replayed and all(padded > n for padded, n in mixed_replayed)

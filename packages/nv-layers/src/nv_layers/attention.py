@@ -72,21 +72,30 @@ class Attention(nn.Module):
             self.kv_amax = torch.maximum(self.kv_amax, seen)
         if self.k_cache.numel() == 0:
             out = self._attend_without_cache(q, k, v, ctx)
+        elif ctx.attention_split is not None:
+            out = ctx.attention_split(self, q, k, v, kv_stored)
         else:
-            backend = ctx.backend
-            scales = self.kv_scale_kwargs()   # FP8 cache only: backends without FP8 never see them
             if not kv_stored:
-                backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **scales)
-            if ctx.is_decode:
-                out = backend.decode(q, self.k_cache, self.v_cache, seq_lens=ctx.seq_lens,
-                                     block_tables=ctx.block_tables, max_seqlen_k=ctx.max_seqlen_k,
-                                     scale=self.scale, **scales)
-            else:
-                out = backend.prefill(q, self.k_cache, self.v_cache, cu_seqlens_q=ctx.cu_seqlens_q,
-                                      seq_lens=ctx.seq_lens, block_tables=ctx.block_tables,
-                                      max_seqlen_q=ctx.max_seqlen_q, max_seqlen_k=ctx.max_seqlen_k,
-                                      scale=self.scale, **scales)
+                self.store_kv(k, v, ctx)
+            out = self.attend_cached(q, ctx)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> None:
+        """Write k/v [T, Hkv, D] into the cache at ctx.slot_mapping (slot < 0: skipped)."""
+        ctx.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, **self.kv_scale_kwargs())
+
+    def attend_cached(self, q: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """q [T, Hq, D] over the cache, which already holds this step's K/V -> [T, Hq, D]."""
+        backend = ctx.backend
+        scales = self.kv_scale_kwargs()   # FP8 cache only: backends without FP8 never see them
+        if ctx.is_decode:
+            return backend.decode(q, self.k_cache, self.v_cache, seq_lens=ctx.seq_lens,
+                                  block_tables=ctx.block_tables, max_seqlen_k=ctx.max_seqlen_k,
+                                  scale=self.scale, **scales)
+        return backend.prefill(q, self.k_cache, self.v_cache, cu_seqlens_q=ctx.cu_seqlens_q,
+                               seq_lens=ctx.seq_lens, block_tables=ctx.block_tables,
+                               max_seqlen_q=ctx.max_seqlen_q, max_seqlen_k=ctx.max_seqlen_k,
+                               scale=self.scale, **scales)
 
     def _attend_without_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               ctx: ForwardContext) -> torch.Tensor:

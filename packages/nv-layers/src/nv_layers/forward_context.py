@@ -6,7 +6,7 @@ Ideas from nano-vllm's context and mini-sglang's scoped forward batch; no sequen
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,10 @@ class ForwardContext:
     max_seqlen_k: int
     logits_indices: torch.Tensor | None      # [S] hidden rows whose logits are wanted; None = all
     backend: Any                             # nv_kernels.AttentionBackend
+    # Set while a runner cuts the model body at its attentions (CUDA graphs of mixed steps): each attention
+    # layer with a KV cache hands (layer, q [T, Hq, D], k, v [T, Hkv, D], kv_stored) to it and returns what it
+    # returns ([T, Hq, D]) instead of attending itself.
+    attention_split: Callable[..., torch.Tensor] | None = None
 
 
 @contextmanager

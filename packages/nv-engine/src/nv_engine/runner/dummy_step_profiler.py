@@ -2,7 +2,8 @@
 
 Before the KV cache exists the runner asks how much memory a worst-case step takes: a prefill of
 max_num_batched_tokens tokens with its logits and the sampler for max_num_seqs rows (its peak), and
-an eager decode of max_num_seqs rows (the activations a captured CUDA graph keeps). Both run on
+an eager decode of max_num_seqs rows (the activations a captured CUDA graph keeps; one of the largest
+mixed-step graph size is added for those graphs' pieces, without the LM head). They run on
 dummy inputs with the layers' caches swapped out and put back after (nv_engine.runner.memory does
 the arithmetic on the result).
 """
@@ -18,10 +19,12 @@ from torch import nn
 
 from nv_engine.config import EngineConfig
 from nv_engine.runner.memory import MemoryProfile, cuda_memory_state, graph_reserve
+from nv_engine.runner.mixed_graphs import mixed_graph_sizes
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_kernels.interface import AttentionBackend
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_layers.forward_context import ForwardContext, forward_context
+from nv_layers.parallel_state import get_tp_size
 from nv_layers.sampler import Sampler
 
 
@@ -67,14 +70,23 @@ class DummyStepProfiler:
         peak = torch.cuda.max_memory_allocated(device)
         reserve = 0
         if not config.enforce_eager:
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            self.dummy_decode(self.config.max_num_seqs)
-            torch.cuda.synchronize(device)
-            reserve = graph_reserve(torch.cuda.max_memory_allocated(device) - base)
+            activations = self._activation_bytes(self.config.max_num_seqs, logits=True)
+            mixed_sizes = mixed_graph_sizes(config.max_num_batched_tokens) if get_tp_size() == 1 else []
+            if mixed_sizes:   # the mixed-step graphs' pieces (no LM head) and their static buffers
+                activations += self._activation_bytes(mixed_sizes[-1], logits=False)
+            reserve = graph_reserve(activations)
         torch.cuda.empty_cache()
         return MemoryProfile(total=total, non_torch=non_torch, peak=peak, graph_reserve=reserve)
+
+    def _activation_bytes(self, num_rows: int, logits: bool) -> int:
+        """Memory a decode-shaped dummy step of num_rows rows allocates (CUDA)."""
+        device = self.device
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        self.dummy_decode(num_rows, logits=logits)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
 
     def dummy_prefill(self, num_tokens: int, num_rows: int) -> None:
         """A prefill of num_tokens tokens (sequences of up to max_model_len) without a KV cache,
@@ -107,8 +119,8 @@ class DummyStepProfiler:
         # every rank samples (launch)
         self.sampler(logits, self.sampling_tensors.worst_case(num_rows, logits.shape[1]))
 
-    def dummy_decode(self, batch_size: int) -> None:
-        """An eager decode of batch_size rows over a one-block scratch KV cache, then logits."""
+    def dummy_decode(self, batch_size: int, logits: bool = True) -> None:
+        """An eager decode of batch_size rows over a one-block scratch KV cache, then (logits=True) logits."""
         bs, dev = self.config.block_size, self.device
         caches = [(layer.k_cache, layer.v_cache) for layer in self.attention_layers]
         for layer in self.attention_layers:   # the real cache's layout: the same kernel variants
@@ -124,7 +136,8 @@ class DummyStepProfiler:
             with forward_context(ctx):
                 hidden = self.model(torch.zeros(batch_size, dtype=torch.int64, device=dev),
                                     torch.zeros(batch_size, dtype=torch.int64, device=dev))
-            self.model.compute_logits(hidden)
+            if logits:
+                self.model.compute_logits(hidden)
         finally:
             for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache

@@ -1,5 +1,6 @@
 """InputStager: a StepInput's arrays -> device tensors and the ForwardContext over them, in two
-layouts: the fixed decode layout that CUDA graphs replay on, and a compact eager layout for any step.
+layouts: the fixed decode layout that CUDA graphs replay on, and a compact eager layout for any step
+(its ids, positions and slots optionally padded, for the CUDA graphs of mixed steps).
 
 Two StagingBuffers (int64 and int32) each take one host -> device copy per step."""
 from __future__ import annotations
@@ -34,9 +35,9 @@ class InputStager:
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
         # int64: ids, positions, slots [T each] + logits indices [S] + previous-step gather [K, K]
         self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 3 * max_num_seqs + 8, device)
-        # int32: seq lens [B], cu_seqlens [B+1], block tables [B, M]
-        self.i32 = StagingBuffer(
-            torch.int32, 2 * max_num_seqs + 1 + max_num_seqs * max_blocks_per_seq + 8, device)
+        # int32: seq lens [B], cu_seqlens [B+1], block tables [B, M]; or a dummy mixed step's [T], [T+1], [T, 1]
+        self.i32 = StagingBuffer(torch.int32, max(2 * max_num_seqs + 1 + max_num_seqs * max_blocks_per_seq,
+                                                  3 * max_tokens + 1) + 8, device)
 
     def stage_decode(self, padded: int, step: StepInput | None, dummy: bool = False) -> StagedStep:
         """Stage a decode batch padded to `padded` rows in the fixed graph layout:
@@ -68,15 +69,17 @@ class InputStager:
             logits_indices=None, backend=self.backend)
         return StagedStep(ctx, ids, positions, prev_rows, prev_src)
 
-    def stage_eager(self, step: StepInput) -> StagedStep:
+    def stage_eager(self, step: StepInput, padded: int | None = None) -> StagedStep:
         """Stage any step in a compact layout: int64 [ids | positions | slots | logits indices],
-        int32 [seq_lens | cu_seqlens | block_tables (B x M)]."""
+        int32 [seq_lens | cu_seqlens | block_tables (B x M)]. padded (the CUDA graphs of mixed steps): ids,
+        positions and slots take `padded` rows each (tail: id 0, position 0, slot -1), so their addresses
+        depend only on `padded`; the rest is read by eager kernels only."""
         i64, i32 = self.i64, self.i32
         i64.begin()
         i32.begin()
-        ids = i64.put(step.input_ids)
-        positions = i64.put(step.positions)
-        slots = i64.put(step.slot_mapping)
+        ids = i64.put(step.input_ids, padded, fill=0)
+        positions = i64.put(step.positions, padded, fill=0)
+        slots = i64.put(step.slot_mapping, padded, fill=-1)
         logits_indices = None if step.is_decode else i64.put(step.logits_indices)
         seq_lens = i32.put(step.seq_lens)
         cu_seqlens = i32.put(step.cu_seqlens_q)
@@ -90,6 +93,25 @@ class InputStager:
             cu_seqlens_q=None if step.is_decode else cu_seqlens, max_seqlen_q=step.max_seqlen_q,
             max_seqlen_k=step.max_seqlen_k, logits_indices=logits_indices, backend=self.backend)
         return StagedStep(ctx, ids, positions, prev_rows, prev_src)
+
+    def stage_dummy_mixed(self, padded: int) -> StagedStep:
+        """The layout of stage_eager(step, padded) for capturing a mixed-step graph: `padded` one-token
+        sequences in block 0, nothing written to the cache (slot -1)."""
+        i64, i32 = self.i64, self.i32
+        i64.begin()
+        i32.begin()
+        ids = i64.put(_EMPTY, padded, fill=0)
+        positions = i64.put(_EMPTY, padded, fill=0)
+        slots = i64.put(_EMPTY, padded, fill=-1)
+        seq_lens = i32.put(_EMPTY, padded, fill=1)
+        cu_seqlens = i32.put(np.arange(padded + 1, dtype=np.int32))
+        block_tables = i32.put_rows(np.zeros((padded, 1), dtype=np.int32), padded, 1)
+        i64.upload()
+        i32.upload()
+        ctx = ForwardContext(
+            is_decode=False, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables,
+            cu_seqlens_q=cu_seqlens, max_seqlen_q=1, max_seqlen_k=1, logits_indices=None, backend=self.backend)
+        return StagedStep(ctx, ids, positions, None, None)
 
     def _stage_prev(self, step: StepInput | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if step is None or step.prev_rows is None or step.prev_src is None or len(step.prev_rows) == 0:

@@ -2,7 +2,8 @@
 device side of a step (inputs -> forward -> logits -> sampled ids).
 
 A step is `launch(step)` (stage inputs with numpy into pinned memory, one copy per dtype, run the
-model: a CUDA graph for pure decode, eager otherwise, sample on the device, start the copy of the
+model: a CUDA graph for pure decode, piecewise graphs around an eager attention for other steps of
+up to 2,048 tokens (runner.mixed_graphs), eager beyond; sample on the device, start the copy of the
 sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
 does both; an engine that overlaps steps can call launch for step N+1 before collect of step N.
 
@@ -31,6 +32,7 @@ from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KV
 from nv_engine.runner.input_stager import InputStager
 from nv_engine.runner.kv_scales import KVScaleSetter
 from nv_engine.runner.memory import cpu_num_blocks
+from nv_engine.runner.mixed_graphs import MixedStepGraphs, mixed_graph_sizes
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, SamplingBatch, StepInput, StepResult
@@ -104,6 +106,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedStepGraphs | None = None   # steps that are not pure decode (TP 1)
         self.max_batch = config.max_num_seqs
         self.stager = InputStager(self.backend, max_model_len=config.max_model_len,
                                   max_blocks_per_seq=config.max_blocks_per_seq,
@@ -188,6 +191,7 @@ class ModelRunner:
         eager and graph runs give the same numbers."""
         if self.device.type != "cuda" and not emulate:
             return
+        emulate_mixed = emulate                          # enforce_eager: mixed steps stay plain eager
         emulate = emulate or self.config.enforce_eager
         if not self.kv_caches:
             raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
@@ -206,6 +210,24 @@ class ModelRunner:
             return self.model(ids, positions)
 
         self.graphs.capture(prepare, run_model)
+        sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if get_tp_size() == 1 else []
+        if not sizes or (self.config.enforce_eager and not emulate_mixed):
+            return
+        layer = cast(Attention, self.attention_layers[0])
+        self.mixed_graphs = MixedStepGraphs(sizes, layer.num_heads * layer.head_dim, hidden_size, self.config.dtype,
+                                            self.device, pool=self.graphs.pool, emulate=emulate_mixed)
+        mixed_inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # size -> staged (ids, positions)
+
+        def prepare_mixed(size: int) -> ForwardContext:
+            staged = self.stager.stage_dummy_mixed(size)
+            mixed_inputs[size] = (staged.ids, staged.positions)
+            return staged.ctx
+
+        def run_mixed(size: int) -> torch.Tensor:
+            ids, positions = mixed_inputs[size]
+            return self.model(ids, positions)
+
+        self.mixed_graphs.capture(prepare_mixed, run_mixed)
 
     # ---- steps -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -225,7 +247,11 @@ class ModelRunner:
         batch = step.num_seqs
         graphs = self.graphs if step.is_decode else None
         padded = graphs.padded_size(batch) if graphs is not None else None
-        staged = self.stager.stage_decode(padded, step) if padded is not None else self.stager.stage_eager(step)
+        mixed = None
+        if padded is None and self.mixed_graphs is not None:
+            mixed = self.mixed_graphs.padded_size(step.num_tokens)
+        staged = (self.stager.stage_decode(padded, step) if padded is not None
+                  else self.stager.stage_eager(step, mixed))
         if staged.prev_rows is not None:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
@@ -236,7 +262,10 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden)                    # [B, V]
         else:
             with forward_context(staged.ctx):
-                hidden = self.model(staged.ids, staged.positions)         # [T, H]
+                if mixed is not None and self.mixed_graphs is not None:
+                    hidden = self.mixed_graphs.replay(mixed, step.num_tokens)   # [T, H]
+                else:
+                    hidden = self.model(staged.ids, staged.positions)         # [T, H]
                 logits = None if len(step.logits_indices) == 0 else self.model.compute_logits(hidden)  # [S, V]
             if step.prompt_logprobs is not None:
                 prompt_logprobs = self._prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs)
@@ -324,6 +353,9 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release()
             self.graphs = None
+        if self.mixed_graphs is not None:
+            self.mixed_graphs.release()
+            self.mixed_graphs = None
         if self.owns_custom_all_reduce:
             release_custom_all_reduce()
             self.owns_custom_all_reduce = False
