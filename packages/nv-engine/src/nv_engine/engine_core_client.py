@@ -18,7 +18,6 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
-import multiprocessing
 import os
 import shutil
 import tempfile
@@ -30,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import zmq
 
 from nv_engine.config import EngineConfig
+from nv_engine.core_forkserver import CoreForkserver
 from nv_engine.engine_core_codec import CoreMessageCodec
 from nv_engine.engine_core_message import CoreMessage
 from nv_engine.engine_core_outputs import EngineCoreOutputs
@@ -51,7 +51,7 @@ class EngineCoreClient:
                  on_outputs: Callable[[EngineCoreOutputs], None], on_dead: Callable[[str], None],
                  env: Mapping[str, str] | None = None) -> None:
         """env: environment variables for the core process only (a data-parallel core's
-        CUDA_VISIBLE_DEVICES); the spawned process copies the environment as it starts."""
+        CUDA_VISIBLE_DEVICES); a spawned process copies the environment as it starts, a forked one sets them."""
         self._on_outputs = on_outputs
         self._on_dead = on_dead
         self._send_codec = CoreMessageCodec()      # used under _send_lock
@@ -73,11 +73,12 @@ class EngineCoreClient:
         self._call_ids = itertools.count()
         self._closing = False
         self.dead_reason: str | None = None
-        spawn = multiprocessing.get_context("spawn")
-        self.process = spawn.Process(
+        # spawned, or forked from the forkserver `nv serve` started (core_forkserver.py): a forked core does not
+        # inherit os.environ as it is now, so env also travels as an argument
+        self.process = CoreForkserver.context().Process(  # pyright: ignore[reportAttributeAccessIssue]
             target=EngineCoreProcess.main, name="nv-engine-core",
             args=(config, sorted(eos_token_ids), f"ipc://{self._dir}/input", f"ipc://{self._dir}/output",
-                  logging.getLogger("nv_engine").getEffectiveLevel()))
+                  logging.getLogger("nv_engine").getEffectiveLevel(), dict(env or {})))
         spawned = time.perf_counter()
         try:
             with self._child_environment(env):

@@ -70,8 +70,10 @@ class EngineCoreProcess:
 
     @staticmethod
     def main(config: EngineConfig, eos_token_ids: list[int], input_address: str, output_address: str,
-             log_level: int) -> None:
-        """Spawn target: start the core, send READY (or ERROR with the reason), then loop."""
+             log_level: int, env: dict[str, str] | None = None) -> None:
+        """Spawn target: start the core, send READY (or ERROR with the reason), then loop. env: variables the
+        frontend set for this core (a process forked from a forkserver has the server's environment)."""
+        os.environ.update(env or {})
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         configure_logging(log_level)
         codec = CoreMessageCodec()

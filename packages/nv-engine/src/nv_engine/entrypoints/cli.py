@@ -9,7 +9,6 @@ import logging
 import sys
 
 from nv_engine.__about__ import __version__
-from nv_engine.engine_args import EngineArgs
 
 
 def _add_generate_parser(subparsers) -> None:
@@ -30,6 +29,8 @@ def _add_generate_parser(subparsers) -> None:
                    help="without --model: use a small random-weight Qwen3 instead of SmolLM2")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap each prompt in the chat template (default: on for the default SmolLM2 model)")
+    from nv_engine.engine_args import EngineArgs
+
     EngineArgs.add_cli_arguments(p)
     p.set_defaults(func=run_generate)
 
@@ -58,6 +59,7 @@ def random_model() -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from nv_engine.engine_args import EngineArgs
     from nv_engine.llm import LLM
     from nv_engine.sampling_params import SamplingParams
 
@@ -121,13 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
 BENCH_COMMANDS = ("throughput", "serve")
 
 
+def command_word(argv: list[str]) -> tuple[int, str | None]:
+    """(index, word) of the command: the first word after the top-level options (None when there is none)."""
+    at = 0
+    while at < len(argv) and argv[at].startswith("-"):
+        at += 2 if argv[at] == "--log-level" else 1
+    return at, argv[at] if at < len(argv) else None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """build_parser().parse_args, with `nv bench ARGS` read as `nv bench throughput ARGS`."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    at = 0       # the command: the first word after the top-level options
-    while at < len(argv) and argv[at].startswith("-"):
-        at += 2 if argv[at] == "--log-level" else 1
-    if at < len(argv) and argv[at] == "bench":
+    at, command = command_word(argv)
+    if command == "bench":
         at += 1
         if at == len(argv) or argv[at] not in (*BENCH_COMMANDS, "-h", "--help"):
             argv.insert(at, "throughput")
@@ -135,6 +143,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if command_word(argv)[1] == "serve":
+        # before this process imports torch: the engine core's imports run beside the frontend's
+        from nv_engine.core_forkserver import CoreForkserver
+
+        CoreForkserver.start()
     args = parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

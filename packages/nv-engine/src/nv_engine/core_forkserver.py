@@ -1,0 +1,45 @@
+"""CoreForkserver: engine-core processes forked from a server process that already imported the core's modules.
+
+Spawned, an engine-core process imports torch, transformers and nv before it can build anything (~11 s on an H200
+host), and `nv serve` spawns it only after the frontend has done the same imports and its own setup (~13 s): the
+two import phases ran one after the other. `CoreForkserver.start()`, called first thing by the `nv serve` command
+(before the frontend imports torch), starts multiprocessing's forkserver with those modules preloaded, so its
+imports run while the frontend's do; the core is then forked from it, ready to build. For multiprocessing the
+frontend is still the core's parent (sentinel, exit code, join).
+
+Safe because the forkserver never touches CUDA (it only imports). A forkserver child's environment is the
+server's, taken when it started; EngineCoreProcess.main applies the variables the frontend sets for one core (a
+data-parallel core's CUDA_VISIBLE_DEVICES) itself. Without start(), cores are spawned as before.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
+
+# The spawn target's module (torch, nv's layers and kernels, zmq) and transformers (the pickled model config's classes).
+PRELOAD = ["nv_engine.engine_core_process", "transformers"]
+
+
+class CoreForkserver:
+    """Which multiprocessing context starts engine-core processes in this process."""
+
+    _started = False
+
+    @classmethod
+    def start(cls) -> bool:
+        """Start the forkserver (it imports PRELOAD in the background); later cores fork from it. False where the
+        platform has no forkserver (cores are then spawned)."""
+        if cls._started:
+            return True
+        if "forkserver" not in multiprocessing.get_all_start_methods():
+            return False
+        multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
+        cls._started = True
+        return True
+
+    @classmethod
+    def context(cls) -> BaseContext:
+        """The forkserver's context once start() ran, else spawn's."""
+        return multiprocessing.get_context("forkserver" if cls._started else "spawn")
