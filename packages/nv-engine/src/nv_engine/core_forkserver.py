@@ -9,11 +9,13 @@ frontend is still the core's parent (sentinel, exit code, join).
 
 Safe because the forkserver never touches CUDA (it only imports). A forkserver child's environment is the
 server's, taken when it started; EngineCoreProcess.main applies the variables the frontend sets for one core (a
-data-parallel core's CUDA_VISIBLE_DEVICES) itself. Without start(), cores are spawned as before.
+data-parallel core's CUDA_VISIBLE_DEVICES) itself. Without start(), or with NV_CORE_FORKSERVER=0, cores are spawned
+as before.
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
@@ -29,9 +31,11 @@ class CoreForkserver:
     @classmethod
     def start(cls) -> bool:
         """Start the forkserver (it imports PRELOAD in the background); later cores fork from it. False where the
-        platform has no forkserver (cores are then spawned)."""
+        platform has no forkserver or NV_CORE_FORKSERVER=0 (cores are then spawned)."""
         if cls._started:
             return True
+        if os.environ.get("NV_CORE_FORKSERVER", "1").strip().lower() in ("0", "off", "false"):
+            return False
         if "forkserver" not in multiprocessing.get_all_start_methods():
             return False
         multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
