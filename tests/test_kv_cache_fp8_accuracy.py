@@ -18,7 +18,10 @@ and per-channel max |x| of the calibration batch clamps real text), so the engin
 Somewhat better (20 prompts are a small sample): quantizing K and V minus their calibration mean per
 (KV head, channel) (free for K, whose constant q.mean term softmax ignores; V's mean adds back to the
 output): 14/20 [28 32 32 28 29 8 16 1 32 21 21 32 32 32 22 4 0 12 18 0] with per-tensor scales (K's mean
-alone 11/20, V's alone 11/20); not yet in the engine.
+alone 11/20, V's alone 11/20); not yet in the engine. A later study of exact transforms (same harness): a Hadamard
+rotation of post-rotary q and K (q.K unchanged) 8/20; of V (undone on the output) 11/20; K and V minus their
+calibration mean 11/20 (this time); all three 9/20. The first differences stay spread over 0-32 whatever the
+transform: the near-ties of this 135M model move with e4m3's per-element relative error itself.
 Perplexity per tensor: +1.9% on the first 3,000 tokens (13.39 -> 13.64).
 """
 from __future__ import annotations
