@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nv_engine.runner.piece_recorder import PieceRecorder
 from nv_layers.attention import Attention
 from nv_layers.forward_context import ForwardContext, forward_context, get_forward_context
 
@@ -48,36 +49,6 @@ def mixed_graph_sizes(max_num_batched_tokens: int) -> list[int]:
         return []
     limit = min(max_num_batched_tokens, MAX_TOKENS)
     return sorted({s for s in _SIZES if s < limit} | {limit})
-
-
-class _PieceRecorder:
-    """Captures one size: the graph in progress ends at each attention and the next one begins."""
-
-    def __init__(self, graphs: MixedStepGraphs) -> None:
-        self.graphs = graphs
-        self.pieces: list[torch.cuda.CUDAGraph] = []
-        self.layers: list[Attention] = []
-        self.current: torch.cuda.CUDAGraph | None = None
-
-    def begin(self) -> None:
-        self.current = torch.cuda.CUDAGraph()
-        self.current.capture_begin(pool=self.graphs.pool)
-
-    def end(self) -> None:
-        if self.current is None:
-            raise RuntimeError("no graph is being captured")
-        self.current.capture_end()
-        self.pieces.append(self.current)
-        self.current = None
-
-    def split(self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              kv_stored: bool) -> torch.Tensor:
-        # q [T, Hq, D], k/v [T, Hkv, D] -> the shared output buffer as [T, Hq, D]
-        self.graphs.enter_attention(layer, q, k, v, kv_stored)
-        self.layers.append(layer)
-        self.end()
-        self.begin()
-        return self.graphs.out_view(q.shape)
 
 
 class MixedStepGraphs:
@@ -150,7 +121,7 @@ class MixedStepGraphs:
             with forward_context(ctx):
                 self.hidden[:size] = run_model(size)
             torch.cuda.synchronize(self.device)
-            recorder = _PieceRecorder(self)
+            recorder = PieceRecorder(self.pool, self.enter_attention, self.out_view)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), forward_context(dataclasses.replace(ctx, attention_split=recorder.split)):
                 recorder.begin()
