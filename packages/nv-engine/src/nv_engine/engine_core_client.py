@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import contextlib
 import itertools
 import logging
-import os
 import shutil
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import zmq
 
@@ -44,14 +42,11 @@ _POLL_MS = 200      # how often the receiver thread looks at its stop flag
 
 
 class EngineCoreClient:
-    # os.environ is the process's: one core at a time starts with its own variables set
-    _environ_lock = threading.Lock()
-
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
                  on_outputs: Callable[[EngineCoreOutputs], None], on_dead: Callable[[str], None],
                  env: Mapping[str, str] | None = None) -> None:
         """env: environment variables for the core process only (a data-parallel core's
-        CUDA_VISIBLE_DEVICES); a spawned process copies the environment as it starts, a forked one sets them."""
+        CUDA_VISIBLE_DEVICES), set by the core process as it starts (this process's environment is left alone)."""
         self._on_outputs = on_outputs
         self._on_dead = on_dead
         self._send_codec = CoreMessageCodec()      # used under _send_lock
@@ -73,16 +68,15 @@ class EngineCoreClient:
         self._call_ids = itertools.count()
         self._closing = False
         self.dead_reason: str | None = None
-        # spawned, or forked from the forkserver `nv serve` started (core_forkserver.py): a forked core does not
-        # inherit os.environ as it is now, so env also travels as an argument
+        # spawned, or forked from the forkserver `nv serve` started (core_forkserver.py); either way the core
+        # sets env itself (EngineCoreProcess.main), before anything reads it
         self.process = CoreForkserver.context().Process(  # pyright: ignore[reportAttributeAccessIssue]
             target=EngineCoreProcess.main, name="nv-engine-core",
             args=(config, sorted(eos_token_ids), f"ipc://{self._dir}/input", f"ipc://{self._dir}/output",
                   logging.getLogger("nv_engine").getEffectiveLevel(), dict(env or {})))
         spawned = time.perf_counter()
         try:
-            with self._child_environment(env):
-                self.process.start()
+            self.process.start()
             self.ready = self._wait_ready()
             logger.info("engine core ready %.1f s after its spawn", time.perf_counter() - spawned)
         except BaseException:
@@ -94,24 +88,6 @@ class EngineCoreClient:
         # The core is not a daemon process (it may start tensor-parallel workers), and
         # multiprocessing joins such children at exit: stop it first if nobody shut it down.
         atexit.register(EngineCoreClient._shutdown_at_exit, weakref.ref(self))
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _child_environment(env: Mapping[str, str] | None) -> Iterator[None]:
-        if not env:
-            yield
-            return
-        with EngineCoreClient._environ_lock:
-            before = {name: os.environ.get(name) for name in env}
-            os.environ.update(env)
-            try:
-                yield
-            finally:
-                for name, value in before.items():
-                    if value is None:
-                        del os.environ[name]
-                    else:
-                        os.environ[name] = value
 
     def _wait_ready(self) -> dict[str, int]:
         poller = zmq.Poller()

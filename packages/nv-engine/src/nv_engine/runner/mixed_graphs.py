@@ -98,10 +98,9 @@ class MixedStepGraphs:
             layer.store_kv(k, v, get_forward_context())
         self.q_view(q.shape).copy_(q)
 
-    def attend(self, layer: Attention, ctx: ForwardContext, padded_shape: torch.Size) -> None:
-        """The eager part between two pieces: the real rows of q -> the real rows of out."""
-        n = self.num_tokens
-        shape = (n, *padded_shape[1:])
+    def attend(self, layer: Attention, ctx: ForwardContext) -> None:
+        """The eager part between two pieces: the real rows of q -> the real rows of out ([n, Hq, D] each)."""
+        shape = (self.num_tokens, layer.num_heads, layer.head_dim)
         self.out_view(shape).copy_(layer.attend_cached(self.q_view(shape), ctx))
 
     # ---- capture and replay --------------------------------------------------------------------------
@@ -149,7 +148,7 @@ class MixedStepGraphs:
         pieces = self.pieces[padded]
         for piece, layer in zip(pieces, self.layers[padded], strict=False):   # one more piece than layers
             piece.replay()
-            self.attend(layer, ctx, self._padded_q_shape(layer, padded))
+            self.attend(layer, ctx)
         pieces[-1].replay()
         return self.hidden[:num_tokens]
 
@@ -157,12 +156,8 @@ class MixedStepGraphs:
                    kv_stored: bool) -> torch.Tensor:
         """emulate=True: what a replay does at an attention, done in place."""
         self.enter_attention(layer, q, k, v, kv_stored)
-        self.attend(layer, get_forward_context(), q.shape)
+        self.attend(layer, get_forward_context())
         return self.out_view(q.shape)
-
-    @staticmethod
-    def _padded_q_shape(layer: Attention, padded: int) -> torch.Size:
-        return torch.Size((padded, layer.num_heads, layer.head_dim))
 
     def release(self) -> None:
         self.pieces.clear()

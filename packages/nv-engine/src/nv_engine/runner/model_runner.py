@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -29,7 +30,7 @@ from nv_engine.checkpoints.registry import get_model_class
 from nv_engine.config import EngineConfig
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KVCacheLayer
-from nv_engine.runner.input_stager import InputStager
+from nv_engine.runner.input_stager import InputStager, StagedStep
 from nv_engine.runner.kv_scales import KVScaleSetter
 from nv_engine.runner.memory import cpu_num_blocks
 from nv_engine.runner.mixed_graphs import MixedStepGraphs, mixed_graph_sizes
@@ -198,36 +199,32 @@ class ModelRunner:
         max_bs = min(self.max_batch, self.config.max_num_batched_tokens)
         hidden_size = self.config.hf_config.hidden_size
         self.graphs = DecodeGraphs(max_bs, hidden_size, self.config.dtype, self.device, emulate=emulate)
-        inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # bs -> staged (ids, positions)
-
-        def prepare(bs: int) -> ForwardContext:
-            staged = self.stager.stage_decode(bs, None, dummy=True)
-            inputs[bs] = (staged.ids, staged.positions)
-            return staged.ctx
-
-        def run_model(bs: int) -> torch.Tensor:
-            ids, positions = inputs[bs]
-            return self.model(ids, positions)
-
-        self.graphs.capture(prepare, run_model)
+        self.graphs.capture(*self._on_staged_inputs(lambda bs: self.stager.stage_decode(bs, None, dummy=True)))
         sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if get_tp_size() == 1 else []
         if not sizes or (self.config.enforce_eager and not emulate_mixed):
             return
         layer = cast(Attention, self.attention_layers[0])
         self.mixed_graphs = MixedStepGraphs(sizes, layer.num_heads * layer.head_dim, hidden_size, self.config.dtype,
                                             self.device, pool=self.graphs.pool, emulate=emulate_mixed)
-        mixed_inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # size -> staged (ids, positions)
+        self.mixed_graphs.capture(*self._on_staged_inputs(self.stager.stage_dummy_mixed))
 
-        def prepare_mixed(size: int) -> ForwardContext:
-            staged = self.stager.stage_dummy_mixed(size)
-            mixed_inputs[size] = (staged.ids, staged.positions)
+    def _on_staged_inputs(self, stage: Callable[[int], StagedStep]) -> tuple[
+            Callable[[int], ForwardContext], Callable[[int], torch.Tensor]]:
+        """The (prepare, run_model) pair a graph capture takes: prepare(size) stages dummy inputs of `size`
+        with `stage` and returns their context; run_model(size) runs the model body on the staged ids and
+        positions (whose addresses every later step of that size reuses)."""
+        inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # size -> staged (ids, positions)
+
+        def prepare(size: int) -> ForwardContext:
+            staged = stage(size)
+            inputs[size] = (staged.ids, staged.positions)
             return staged.ctx
 
-        def run_mixed(size: int) -> torch.Tensor:
-            ids, positions = mixed_inputs[size]
+        def run_model(size: int) -> torch.Tensor:
+            ids, positions = inputs[size]
             return self.model(ids, positions)
 
-        self.mixed_graphs.capture(prepare_mixed, run_mixed)
+        return prepare, run_model
 
     # ---- steps -------------------------------------------------------------------------------
     @torch.inference_mode()
