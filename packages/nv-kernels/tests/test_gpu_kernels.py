@@ -192,3 +192,52 @@ def test_fp8_decode_in_cuda_graph_reads_scales_at_replay() -> None:
     ref = REF.decode(b.q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=4096,
                      scale=0.1, k_scale=k_scale, v_scale=v_scale)
     assert relative_error(out, ref) < TOL[case[4]]
+
+
+@pytest.mark.parametrize("cache_dtype,block_size", [(torch.bfloat16, 64), (torch.bfloat16, 16),
+                                                    (torch.float8_e4m3fn, 64)])
+def test_decode_with_rope_equals_norm_rope_store_then_decode(cache_dtype: torch.dtype, block_size: int) -> None:
+    """The fused decode path (nv_kernels.decode_rope) at the Qwen3-0.6B shape: the new tokens' cache bytes equal
+    the fused q/k-norm + rotary + store kernel's, and the output the decode kernel's over that cache."""
+    from nv_kernels.decode_rope import DecodeRope
+    from nv_kernels.fused_rope import qk_norm_rope_triton
+    from nv_kernels.kv_layout import to_token_major
+    from nv_kernels.kv_quant import quantize
+    from nv_kernels.triton_backend import TritonBackend
+
+    hq, hkv, d = 16, 8, 128
+    b = _batch([1] * len(CONTEXTS), (hq, hkv, d, block_size, torch.bfloat16), seed=3)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    batch = len(CONTEXTS)
+    qkv = torch.randn(batch, (hq + 2 * hkv) * d, device="cuda", generator=gen).bfloat16() * 4
+    q, k, v = (t.view(batch, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    q_w, k_w = ((torch.rand(d, device="cuda", generator=gen) + 0.5).bfloat16() for _ in range(2))
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    freqs = torch.outer(torch.arange(8192, device="cuda").float(), inv_freq)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    positions, slots = (b.seq_lens - 1).long(), b.slot_mapping.clone()
+    slots[3] = -1                                                        # a padded row: stores nothing
+    scales: dict[str, torch.Tensor] = {}
+    k_cache, v_cache = b.k_cache.nan_to_num(), b.v_cache.nan_to_num()
+    if cache_dtype != torch.bfloat16:
+        scales = {"k_scale": torch.full((hkv, d), 0.02, device="cuda"),
+                  "v_scale": torch.full((hkv, d), 0.03, device="cuda")}
+        k_cache = quantize(k_cache, scales["k_scale"], cache_dtype)
+        v_cache = to_token_major(quantize(v_cache, scales["v_scale"], cache_dtype))
+    backend = TritonBackend()
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    q_out, _, _ = qk_norm_rope_triton(q, k, v, positions, cos_sin, head_dim=d, rotary_dim=d, q_weight=q_w,
+                                      k_weight=k_w, k_cache=ref_k, v_cache=ref_v, slot_mapping=slots, **scales)
+    ref = backend.decode(q_out, ref_k, ref_v, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=4096,
+                         scale=d ** -0.5, **scales)
+    rope = DecodeRope(k=k, v=v, positions=positions, slot_mapping=slots, cos_sin_cache=cos_sin, q_weight=q_w,
+                      k_weight=k_w)
+    out = backend.decode_with_rope(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+                                   max_seqlen_k=4096, scale=d ** -0.5, rope=rope, **scales)
+    step = 2.0 ** -7 if cache_dtype == torch.bfloat16 else 2.0 ** -3    # one unit in the last place, relative
+    for got, want in ((k_cache, ref_k), (v_cache, ref_v)):
+        g, w = got.contiguous().float(), want.contiguous().float()     # raw cache values (FP8 unscaled)
+        differ = g != w
+        assert int(differ.sum()) <= 0.01 * batch * hkv * d             # a rounding of the fp32 sums, rarely
+        assert bool(((g - w).abs() <= step * w.abs() + 1e-6).all())
+    assert relative_error(out.float(), ref.float()) < 1e-2

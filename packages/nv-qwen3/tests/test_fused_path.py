@@ -17,6 +17,7 @@ from transformers import Qwen2Config, Qwen3Config
 
 from nv_kernels import fused_norm, fused_ops
 from nv_kernels.torch_backend import TorchBackend
+from nv_kernels.triton_backend import TritonBackend
 from nv_layers import ForwardContext, RMSNorm, SiluAndMul, forward_context, get_rope
 from nv_qwen3 import Qwen2ForCausalLM, Qwen3ForCausalLM
 
@@ -88,13 +89,31 @@ class CountingBackend(TorchBackend):
         super().store_kvcache(*args)
 
 
-def run_model(model_cls: type, config: Any, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+class CountingTritonBackend(TritonBackend):
+    """The Triton backend (interpreted on CPU), counting the decodes that finished q and k themselves."""
+
+    def __init__(self) -> None:
+        self.stores = 0
+        self.rope_decodes = 0
+
+    def store_kvcache(self, *args: Any, **kwargs: Any) -> None:
+        self.stores += 1
+        super().store_kvcache(*args, **kwargs)
+
+    def decode_with_rope(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self.rope_decodes += 1
+        return super().decode_with_rope(*args, **kwargs)
+
+
+def run_model(model_cls: type, config: Any, seed: int, backend: Any = None
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """Prefill three sequences (5, 3 and 1 tokens; the last one's slot is -1, so its K/V are never
-    stored and it attends to an empty page), then decode one token for the first two."""
+    stored and it attends to an empty page), then decode one token for the first two and a padded row
+    (slot -1, length 0, as a CUDA graph's padding)."""
     model = model_cls(config)
     randomise_(model, seed)
     caches = attach_caches(model)
-    backend = CountingBackend()
+    backend = backend if backend is not None else CountingBackend()
     block_tables = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]], dtype=torch.int32)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, config.vocab_size, (9,), generator=gen)
@@ -104,15 +123,15 @@ def run_model(model_cls: type, config: Any, seed: int) -> tuple[list[torch.Tenso
                              seq_lens=torch.tensor([5, 3, 1], dtype=torch.int32), block_tables=block_tables,
                              cu_seqlens_q=torch.tensor([0, 5, 8, 9], dtype=torch.int32),
                              max_seqlen_q=5, max_seqlen_k=5, logits_indices=None, backend=backend)
-    decode = ForwardContext(is_decode=True, slot_mapping=torch.tensor([5, 15]),
-                            seq_lens=torch.tensor([6, 4], dtype=torch.int32), block_tables=block_tables[:2],
+    decode = ForwardContext(is_decode=True, slot_mapping=torch.tensor([5, 15, -1]),
+                            seq_lens=torch.tensor([6, 4, 0], dtype=torch.int32), block_tables=block_tables,
                             cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=6, logits_indices=None, backend=backend)
     outputs = []
     with torch.no_grad():
         with forward_context(prefill):
             outputs.append(model(ids, positions))
         with forward_context(decode):
-            outputs.append(model(torch.tensor([3, 7]), torch.tensor([5, 3])))
+            outputs.append(model(torch.tensor([3, 7, 0]), torch.tensor([5, 3, 0]))[:2])   # the padded row: unused
     return outputs, caches, backend.stores
 
 
@@ -131,6 +150,25 @@ def test_model_fused_equals_torch_path(model_cls: type, config: Any) -> None:
     assert plain_stores == 2 * config.num_hidden_layers
     for a, b in zip(fused_out, plain_out, strict=True):
         assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for a, b in zip(fused_caches, plain_caches, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_cls,config", [
+    (Qwen3ForCausalLM, Qwen3Config(**SHAPE)),
+    (Qwen2ForCausalLM, Qwen2Config(**{k: v for k, v in SHAPE.items() if k != "head_dim"})),
+])
+def test_decode_finishing_rope_equals_torch_path(model_cls: type, config: Any) -> None:
+    """On the Triton backend a decode step's attention kernel norms and rotates q / k and stores the new K/V
+    (nv_kernels.decode_rope): the same logits and cache as the torch path, and no separate store."""
+    backend = CountingTritonBackend()
+    with fused_ops("on"):
+        fused_out, fused_caches, _ = run_model(model_cls, config, seed=2, backend=backend)
+    with fused_ops("off"):
+        plain_out, plain_caches, _ = run_model(model_cls, config, seed=2)
+    assert backend.rope_decodes == config.num_hidden_layers and backend.stores == 0
+    for a, b in zip(fused_out, plain_out, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for a, b in zip(fused_caches, plain_caches, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -6,6 +6,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from nv_kernels.decode_rope import DecodeRope
+
 
 @runtime_checkable
 class AttentionBackend(Protocol):
@@ -59,6 +61,20 @@ class AttentionBackend(Protocol):
         v_scale: Tensor | None = None,
     ) -> Tensor:
         """q [B, Hq, D] -> [B, Hq, D]; one query per sequence at position seq_lens[b] - 1."""
+        ...
+
+
+@runtime_checkable
+class DecodesWithRope(Protocol):
+    """A backend whose decode finishes q and k itself (nv_kernels.decode_rope): q holds the raw query heads,
+    and the new tokens' k / v (rope.k, rope.v, raw) are normed, rotated and stored by the decode kernel."""
+
+    def decode_with_rope(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,
+        max_seqlen_k: int, scale: float, rope: DecodeRope, k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
+        """As decode, with q [B, Hq, D] raw (strided along B and H allowed) -> [B, Hq, D]."""
         ...
 
 

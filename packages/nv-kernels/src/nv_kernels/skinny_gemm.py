@@ -199,7 +199,7 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
     h2 = x2 if h is None else h.view(m, k)
     norm_arg = norm_weight.contiguous() if norm_weight is not None else x2
     cfg = config if config is not None else choose_config(weight_rows, k, m, gated, x.device)
-    m_pad = 16 if cfg.use_dot else m_bucket(m)
+    m_pad = max(16, m_bucket(m)) if cfg.use_dot else m_bucket(m)    # tl.dot takes at least 16 rows
     k_per_split = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k) * cfg.block_k
     split_k = math.ceil(k / k_per_split)                                   # no empty splits
     column_blocks = math.ceil(n_out / cfg.block_n)

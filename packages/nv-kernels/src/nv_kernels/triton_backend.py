@@ -5,6 +5,7 @@ import os
 
 from torch import Tensor
 
+from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.interface import check_query, check_store
 from nv_kernels.kv_layout import check_cache_layout
 from nv_kernels.kv_quant import check_scales
@@ -86,3 +87,16 @@ class TritonBackend:
         return decode_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
                                 _last_dim_contiguous(block_tables), max_seqlen_k, scale,
                                 k_scale=k_scale, v_scale=v_scale)
+
+    def decode_with_rope(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,
+        max_seqlen_k: int, scale: float, rope: DecodeRope, k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
+        check_query(q, k_cache, v_cache)
+        check_scales(k_cache, k_scale, v_scale)
+        _check_device(q, k_cache, v_cache, seq_lens, block_tables, rope.k, rope.v, rope.slot_mapping)
+        check_cache_layout(k_cache, v_cache)
+        return decode_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
+                                _last_dim_contiguous(block_tables), max_seqlen_k, scale,
+                                k_scale=k_scale, v_scale=v_scale, rope=rope)

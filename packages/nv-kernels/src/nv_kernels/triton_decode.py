@@ -27,9 +27,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import v_strides_token_major
-from nv_kernels.kv_quant import is_fp8, scale_strides
+from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
 
 LOG2E = 1.4426950408889634
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
@@ -118,16 +119,77 @@ def scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8: tl
     return q
 
 
+@triton.jit
+def _norm_rope_rows(X, row_offs, row_mask, d, W, cos, sin, eps, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                    HAS_NORM: tl.constexpr):
+    """Raw heads X + row_offs[r] ([R, D_PAD] rows, unit stride along D) -> rms_norm(row) * W (HAS_NORM) rotated
+    NeoX style over the whole head with cos / sin [D_PAD] (the table's halves repeated), in X's dtype. Each
+    dim d is computed with its rotate_half partner (d + HALF) % D loaded beside it, rounded as fused_rope
+    rounds: the norm in fp32 cast to the dtype, times the weight, cast; the rotation in fp32, cast once."""
+    d_mask = d < HEAD_DIM
+    partner = (d + HALF) % HEAD_DIM
+    m = row_mask[:, None] & d_mask[None, :]
+    x = tl.load(X + row_offs[:, None] + d[None, :], mask=m, other=0.0)                  # [R, D]
+    y = tl.load(X + row_offs[:, None] + partner[None, :], mask=m, other=0.0)            # [R, D] partners
+    dtype = X.dtype.element_ty
+    x = x.to(tl.float32)
+    y = y.to(tl.float32)
+    if HAS_NORM:
+        inv = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]                        # [R, 1]
+        wx = tl.load(W + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        wy = tl.load(W + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        x = ((x * inv).to(dtype).to(tl.float32) * wx).to(dtype).to(tl.float32)
+        y = ((y * inv).to(dtype).to(tl.float32) * wy).to(dtype).to(tl.float32)
+    y = tl.where((d < HALF)[None, :], -y, y)                                              # rotate_half's sign
+    return (x * cos[None, :] + y * sin[None, :]).to(dtype)
+
+
+@triton.jit
+def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos, sin, eps,
+                     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
+                     stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
+                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                     HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr):
+    """The new token's k (normed, rotated) and v of this KV head into the cache at `slot` (row 0 of [R, D]
+    tiles; an FP8 cache gets clamp(x / scale) rounded, as the store kernels write it)."""
+    one = rows < 1
+    d_mask = d < HEAD_DIM
+    m = one[:, None] & d_mask[None, :]
+    k = _norm_rope_rows(K_NEW + b.to(tl.int64) * stride_knb + kv_head * stride_knh, rows * 0, one, d, KW, cos, sin,
+                        eps, HEAD_DIM, HALF, HAS_NORM)                                     # [R, D]
+    v = tl.load(V_NEW + b.to(tl.int64) * stride_vnb + kv_head * stride_vnh + rows[:, None] * 0 + d[None, :],
+                mask=m, other=0.0)
+    page = slot // BLOCK_SIZE
+    in_page = slot % BLOCK_SIZE
+    k_dst = K + page * stride_cb + in_page * stride_cs + kv_head * stride_ch + rows[:, None] * 0 + d[None, :]
+    v_dst = (V + page * stride_vb + in_page * stride_vs + kv_head * stride_vh + rows[:, None] * 0
+             + d[None, :] * stride_vd)
+    if FP8_MAX > 0:
+        ks = tl.load(K_SCALE + kv_head * stride_ksh + d * stride_ksd, mask=d_mask, other=1.0)[None, :]
+        vs = tl.load(V_SCALE + kv_head * stride_vsh + d * stride_vsd, mask=d_mask, other=1.0)[None, :]
+        k8 = tl.minimum(tl.maximum(k.to(tl.float32) / ks, -FP8_MAX), FP8_MAX)
+        v8 = tl.minimum(tl.maximum(v.to(tl.float32) / vs, -FP8_MAX), FP8_MAX)
+        tl.store(k_dst, k8.to(K.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+        tl.store(v_dst, v8.to(V.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+    else:
+        tl.store(k_dst, k.to(K.dtype.element_ty), mask=m)
+        tl.store(v_dst, v.to(V.dtype.element_ty), mask=m)
+
+
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
 def _decode_split_kernel(
     Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, K_SCALE, V_SCALE, qk_scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_tb, stride_ob, stride_oh, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
+    K_NEW, V_NEW, POS, SLOTS, COS_SIN, QW, KW, eps, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cos,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, COMPUTE: tl.constexpr,
-    V_TOKEN_MAJOR: tl.constexpr, USE_PDL: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr, USE_PDL: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr,
+    HALF: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
+    # ROPE (decode_rope.py): Q, K_NEW, V_NEW are the raw q/k/v heads of the new tokens; q is normed and rotated
+    # here, and the program whose split holds token seq_len - 1 stores its k / v at SLOTS[b] before any read.
     if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -144,8 +206,23 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + rows  # [GP]
     d = tl.arange(0, D_PAD)
     d_mask = d < HEAD_DIM
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [GP, D]
+    if ROPE:
+        pos = tl.maximum(tl.load(POS + b), 0)
+        c = COS_SIN + pos * stride_cos + d % HALF
+        cos = tl.load(c, mask=d_mask, other=0.0).to(tl.float32)                       # [D] halves repeated
+        sin = tl.load(c + HALF, mask=d_mask, other=0.0).to(tl.float32)
+        q = _norm_rope_rows(Q + b.to(tl.int64) * stride_qb, heads * stride_qh, row_mask, d, QW, cos, sin, eps,
+                            HEAD_DIM, HALF, HAS_NORM)                                 # [GP, D]
+        slot = tl.load(SLOTS + b)
+        if (seq_len - 1 >= start) & (seq_len - 1 < end) & (slot >= 0):
+            _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos, sin, eps,
+                             stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
+                             stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh,
+                             stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM, FP8_MAX)
+        tl.debug_barrier()   # the CTA's stores above precede its loads of the cache below
+    else:
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [GP, D]
     q = scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8, COMPUTE)
     table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
 
@@ -250,16 +327,29 @@ def choose_tile(block_size: int, head_dim: int, fp8: bool = False) -> int:
     return 128 if fp8 else 64
 
 
+def _rope_arguments(rope: DecodeRope | None, q: Tensor) -> tuple:
+    """K_NEW .. stride_cos of the split kernel (q's own tensors in their place when rope is None: unused)."""
+    if rope is None:
+        return (q, q, q, q, q, q, q, 0.0, 0, 0, 0, 0, 0)
+    return (rope.k, rope.v, rope.positions, rope.slot_mapping, rope.cos_sin_cache,
+            q if rope.q_weight is None else rope.q_weight, q if rope.k_weight is None else rope.k_weight,
+            float(rope.eps), rope.k.stride(0), rope.k.stride(1), rope.v.stride(0), rope.v.stride(1),
+            rope.cos_sin_cache.stride(0))
+
+
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor, block_tables: Tensor,
     max_seqlen_k: int, scale: float, *, num_splits: int | None = None, tile: int | None = None,
     num_warps: int | None = None, num_stages: int | None = None, k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None,
+    v_scale: Tensor | None = None, rope: DecodeRope | None = None,
 ) -> Tensor:
     """q [B, Hq, D], caches [NB, BS, Hkv, D] -> [B, Hq, D]. Keyword tunables are for benchmarks.
-    An FP8 cache needs k_scale / v_scale ([1] or [Hkv, D] float32 on the device)."""
+    An FP8 cache needs k_scale / v_scale ([1] or [Hkv, D] float32 on the device).
+    rope: q is raw (before its norm and rotary) and the new tokens' k / v are stored here (decode_rope.py)."""
     batch, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
+    if rope is not None:
+        rope.check(q, hkv)
     out = _empty(q.shape, dtype=q.dtype, device=q.device)  # [B, Hq, D]
     if batch == 0:
         return out
@@ -285,10 +375,13 @@ def decode_attention(
         seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         block_tables.stride(0), out.stride(0), out.stride(1), *k_strides, *v_strides,
+        *_rope_arguments(rope, q),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
         FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), V_TOKEN_MAJOR=v_strides_token_major(v_cache),
-        num_warps=num_warps or 4, num_stages=num_stages or (4 if tile > block_size >= 32 and not fp8 else 2), **pdl,
+        ROPE=rope is not None, HAS_NORM=rope is not None and rope.q_weight is not None, HALF=head_dim // 2,
+        FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0, num_warps=num_warps or 4,
+        num_stages=num_stages or (4 if tile > block_size >= 32 and not fp8 else 2), **pdl,
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, hq)](

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.kv_quant import is_fp8
 from nv_layers.forward_context import ForwardContext, get_forward_context
 
@@ -96,6 +97,15 @@ class Attention(nn.Module):
                                seq_lens=ctx.seq_lens, block_tables=ctx.block_tables,
                                max_seqlen_q=ctx.max_seqlen_q, max_seqlen_k=ctx.max_seqlen_k,
                                scale=self.scale, **scales)
+
+    def attend_decode_with_rope(self, q: torch.Tensor, rope: DecodeRope, ctx: ForwardContext) -> torch.Tensor:
+        """A decode step on a backend that finishes q and k itself (nv_kernels.decode_rope): q [B, Hq, D] raw,
+        rope's k / v the new tokens' raw heads, stored by the kernel -> [B, Hq, D]."""
+        decode = getattr(ctx.backend, "decode_with_rope", None)   # nv_kernels.interface.DecodesWithRope
+        if decode is None:
+            raise TypeError(f"the {ctx.backend.name} backend cannot finish q and k in its decode")
+        return decode(q, self.k_cache, self.v_cache, seq_lens=ctx.seq_lens, block_tables=ctx.block_tables,
+                      max_seqlen_k=ctx.max_seqlen_k, scale=self.scale, rope=rope, **self.kv_scale_kwargs())
 
     def _attend_without_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               ctx: ForwardContext) -> torch.Tensor:

@@ -10,12 +10,14 @@ PACKED_MODULES_MAPPING (q/k/v -> qkv_proj, gate/up -> gate_up_proj).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
 from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies, skinny_norm_gemm, skinny_norm_gemm_applies
@@ -23,11 +25,13 @@ from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention
 from nv_layers.decoder_config import DecoderDims, check_tp, read_dims
 from nv_layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from nv_layers.forward_context import get_forward_context
+from nv_layers.forward_context import ForwardContext, get_forward_context
 from nv_layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nv_layers.norm import RMSNorm
 from nv_layers.parallel_state import get_tp_size
 from nv_layers.rotary import get_rope
+
+DECODE_ROPE = os.environ.get("NV_DECODE_ROPE", "1") != "0"   # decode attention finishes q / k (see below)
 
 PACKED_MODULES_MAPPING: dict[str, tuple[str, Any]] = {
     "q_proj": ("qkv_proj", "q"),
@@ -87,6 +91,15 @@ class DecoderAttention(nn.Module):
             return False
         return not self.qk_norm or self.q_norm.weight.dtype == self.k_norm.weight.dtype == qkv.dtype
 
+    def _decode_finishes_rope(self, ctx: ForwardContext) -> bool:
+        """A decode step whose attention kernel can norm and rotate q and k and store k / v itself
+        (nv_kernels.decode_rope): one kernel per layer fewer. Not while FP8 scales are calibrated (the layer
+        records K / V first) nor with partial rotary; NV_DECODE_ROPE=0 keeps the separate kernel. The backend's
+        capability (nv_kernels.interface.DecodesWithRope) is tested with hasattr: a Protocol isinstance check
+        costs microseconds, per layer and eager step."""
+        return (DECODE_ROPE and ctx.is_decode and ctx.attention_split is None and self.attn.kv_amax is None
+                and self.rotary_emb.rotary_dim == self.head_dim and hasattr(ctx.backend, "decode_with_rope"))
+
     def _fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """CUDA: q/k norm, rotary and the KV-cache store in one kernel (nv_kernels.fused_rope)."""
         num_tokens = qkv.shape[0]
@@ -96,9 +109,16 @@ class DecoderAttention(nn.Module):
             kwargs.update(q_weight=self.q_norm.weight, k_weight=self.k_norm.weight, eps=self.q_norm.eps)
         attn = self.attn
         store = can_store_into(attn.k_cache, attn.v_cache, self.num_kv_heads, self.head_dim)
+        ctx = get_forward_context()
+        if store and self._decode_finishes_rope(ctx):
+            rope = DecodeRope(k=k.view(num_tokens, self.num_kv_heads, self.head_dim),
+                              v=v.view(num_tokens, self.num_kv_heads, self.head_dim), positions=positions,
+                              slot_mapping=ctx.slot_mapping, cos_sin_cache=self.rotary_emb.cos_sin_cache, **kwargs)
+            out = attn.attend_decode_with_rope(q.view(num_tokens, self.num_heads, self.head_dim), rope, ctx)
+            return out.view(num_tokens, -1)
         if store:
             kwargs.update(k_cache=attn.k_cache, v_cache=attn.v_cache,
-                          slot_mapping=get_forward_context().slot_mapping, **attn.kv_scale_kwargs())
+                          slot_mapping=ctx.slot_mapping, **attn.kv_scale_kwargs())
         q, k, v_heads = qk_norm_rope_triton(q, k, v, positions, self.rotary_emb.cos_sin_cache, head_dim=self.head_dim,
                                             rotary_dim=self.rotary_emb.rotary_dim, **kwargs)   # [T, H, D] each
         v = v if v_heads is None else v_heads  # v_heads is v as [T, Hkv, D] (None only when v is)
