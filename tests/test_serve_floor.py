@@ -1,0 +1,37 @@
+"""scripts/serve_floor.py: the bandwidth floor of a closed-loop serving run, counted step by step."""
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "serve_floor.py"
+
+
+@pytest.fixture(scope="module")
+def serve_floor():
+    spec = importlib.util.spec_from_file_location("serve_floor", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_slot_runs_requests_one_after_another(serve_floor) -> None:
+    # (prompt 10, 3 tokens) then (prompt 5, 1 token) through one slot: the first prefills and gives token 1,
+    # decodes over contexts 11 and 12, then the second prefills and is done: 4 steps, 4 tokens
+    seconds, tokens, steps = serve_floor.floor_seconds([(10, 3), (5, 1)], 1, bandwidth=1e12, flops=1e15)
+    assert (tokens, steps) == (4, 4)
+    expected = (4 * serve_floor.WEIGHT_BYTES + (11 + 12) * serve_floor.KV_BYTES_PER_TOKEN) / 1e12
+    expected += (10 + 5) * serve_floor.FLOPS_PER_PROMPT_TOKEN / 1e15
+    assert math.isclose(seconds, expected, rel_tol=1e-12)
+
+
+def test_more_slots_share_the_weight_reads(serve_floor) -> None:
+    requests = [(100, 50)] * 8
+    one, tokens_one, _ = serve_floor.floor_seconds(requests, 1, bandwidth=1e12, flops=1e15)
+    eight, tokens_eight, steps = serve_floor.floor_seconds(requests, 8, bandwidth=1e12, flops=1e15)
+    assert tokens_one == tokens_eight == 8 * 50 and steps == 50
+    assert eight < one / 4
