@@ -339,8 +339,9 @@ def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout):
 
 def test_fill_threads_follow_the_rows_and_the_cores():
     assert [fill_threads_for(rows, 2) for rows in (1, 64, 256, 4096)] == [1, 1, 1, 1]   # 2 cores: one thread
-    assert [fill_threads_for(rows, 16) for rows in (1, 16, 17, 64, 256)] == [1, 1, 2, 4, 8]
-    assert fill_threads_for(4096, 64) == 8 and fill_threads_for(64, 1) == 1 and fill_threads_for(0, 16) == 1
+    assert [fill_threads_for(rows, 16) for rows in (1, 64, 128, 129, 256, 4096)] == [1, 1, 1, 2, 2, 8]
+    assert [fill_threads_for(1024, cores) for cores in (1, 3, 4, 6, 64)] == [1, 1, 2, 3, 8]
+    assert fill_threads_for(0, 16) == 1
 
 
 def test_manager_bitmask_buffers_pinned_only_when_asked(llm):
