@@ -30,8 +30,8 @@ step's critical path. --profile adds where each step's host time goes (StepProfi
 the step), the cost of not overlapping. The bitmask fills in the engine's thread once the forward was
 launched (the engine's default); --fill worker fills it in a worker thread, so the engine's own work
 (the report, the frontend, the next schedule) overlaps it too. --fill-threads sets the threads of each
-batched fill (the default: one per 128 rows). A warm-up run of each kind comes first (Triton
-compiles, xgrammar's tokenizer info, the schemas' grammars).
+batched fill (the default: by the rows and the cores, structured_output.manager.fill_threads_for). A
+warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info, the schemas' grammars).
 
     python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 512] [--max-num-seqs 64]
         [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill worker|inline]
@@ -219,7 +219,7 @@ def main() -> None:
     parser.add_argument("--fill", choices=("worker", "inline"), default=None,
                         help="fill the grammar bitmask in a worker thread or in the engine's (default: the engine's)")
     parser.add_argument("--fill-threads", type=int, default=None,
-                        help="threads of every batched fill (default: one per 128 rows)")
+                        help="threads of every batched fill (default: by the rows and the cores)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     model = args.model or args.gguf or str(default_gguf_path())

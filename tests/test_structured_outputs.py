@@ -30,7 +30,7 @@ pytest.importorskip("xgrammar")
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from nv_engine.engine_sequence import EngineSequence  # noqa: E402
 from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
-from nv_engine.structured_output.manager import StructuredOutputManager  # noqa: E402
+from nv_engine.structured_output.manager import StructuredOutputManager, fill_threads_for  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
@@ -335,6 +335,35 @@ def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout):
         if len(ended) == layout.count("G"):
             break
     assert len(ended) == layout.count("G")       # every grammar ended (each is bounded)
+
+
+def test_fill_threads_follow_the_rows_and_the_cores():
+    assert [fill_threads_for(rows, 2) for rows in (1, 64, 256, 4096)] == [1, 1, 1, 1]   # 2 cores: one thread
+    assert [fill_threads_for(rows, 16) for rows in (1, 64, 128, 129, 256, 4096)] == [1, 1, 1, 2, 2, 8]
+    assert [fill_threads_for(1024, cores) for cores in (1, 3, 4, 6, 64)] == [1, 1, 2, 3, 8]
+    assert fill_threads_for(0, 16) == 1
+
+
+def test_manager_bitmask_buffers_pinned_only_when_asked(llm):
+    import torch
+
+    core = llm.llm_engine.core
+    assert core.structured_outputs.pin_memory is False        # a CPU engine never pins
+    tokenizer = llm.get_tokenizer()
+    pins = [False, True] if torch.cuda.is_available() else [False]
+    for pin in pins:
+        manager = StructuredOutputManager(lambda: tokenizer, core.vocab_size, sorted(core.eos_token_ids),
+                                          pin_memory=pin)
+        params = constrained(json=SCHEMAS[1])
+        seq = EngineSequence([1, 2, 3], params.stop_rules(core.eos_token_ids, max_model_len=512, prompt_len=3),
+                             request_id=f"pin-{pin}", index=0, params=params, seed=0, reports_each_token=False)
+        manager.hold(seq)
+        while manager.num_held:
+            manager.release(wait=True)
+        bitmask = manager.fill_bitmask([seq])
+        assert bitmask is not None and bitmask.shape == (1, manager.bitmask_width)
+        assert torch.from_numpy(bitmask).is_pinned() is pin
+        manager.shutdown()
 
 
 def test_a_failing_bitmask_fill_aborts_the_step_not_the_engine(llm, monkeypatch):

@@ -120,7 +120,8 @@ class EngineCore:
         # unless the frontend shares its own (an in-process LLMEngine)
         self.structured_outputs = StructuredOutputManager(
             (lambda: tokenizer) if tokenizer is not None else (lambda: load_tokenizer(config)),
-            self.vocab_size, sorted(self.eos_token_ids))
+            self.vocab_size, sorted(self.eos_token_ids),
+            pin_memory=config.is_cuda and self.executor is not None and self.executor.shares_host_memory)
         self.grammar_sampling = GrammarSampling(self.structured_outputs)
         self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
                                      config.max_model_len, config.seed)   # the unfinished ones

@@ -62,6 +62,9 @@ class Executor(ABC):
 
     rank: int = 0             # this process's rank (non-zero only under torchrun)
     world_size: int = 1
+    # this process's runner reads the arrays given to the methods below as they are (no copy between
+    # processes): they may live in page-locked memory for its device copies
+    shares_host_memory: bool = False
 
     @property
     def is_driver(self) -> bool:

@@ -14,6 +14,8 @@ logger = logging.getLogger(__name__)
 
 
 class InProcessExecutor(Executor, ABC):
+    shares_host_memory = True
+
     def _hold(self, runner: object, owns_group: bool = False) -> None:
         """Own `runner`; owns_group: closing also destroys this process's torch.distributed group."""
         register_in_process_runner(+1)

@@ -1,9 +1,14 @@
 """PinnedStage: one large host array per step (a structured-output token bitmask, megabytes at
-batch 256) to the device through preallocated pinned memory, without waiting for the copy.
+batch 256) to the device through pinned memory, without waiting for the copy.
 
-Two pinned buffers alternate (grown when a step needs more); a buffer is refilled only after its
-previous copy finished (an event), so the host may stage step N+1 while step N's copy is queued.
-On CPU the array is used as it is (the sampler reads it before the step returns).
+An array that already lives in page-locked memory (StructuredOutputManager's bitmask buffers when the
+runner shares the engine's process) is copied to the device from where it is: no staging copy, no
+event. Its owner must not rewrite it before the device ran the copy (the manager refills a buffer
+two fills later, after the step that read it was collected).
+
+Other arrays are staged: two pinned buffers alternate (grown when a step needs more); a buffer is
+refilled only after its previous copy finished (an event), so the host may stage step N+1 while step
+N's copy is queued. On CPU the array is used as it is (the sampler reads it before the step returns).
 """
 from __future__ import annotations
 
@@ -21,18 +26,20 @@ class PinnedStage:
 
     def upload(self, array: np.ndarray) -> torch.Tensor:
         """`array` on the device (a new tensor; the copy is queued on the current stream)."""
+        source = torch.from_numpy(array)
         if not self.on_cuda:
-            return torch.from_numpy(array)
+            return source
+        if source.is_pinned():     # page-locked already: copied from where it is (see the module docstring)
+            return source.to(self.device, non_blocking=True)
         self._current = index = 1 - self._current
         event = self._copied[index]
         if event is not None:
             event.synchronize()                     # that buffer's previous copy was read
         host = self._host[index]
-        dtype = torch.from_numpy(array[:0]).dtype
-        if host is None or host.dtype != dtype or host.numel() < array.size:
-            host = self._host[index] = torch.empty(array.size, dtype=dtype, pin_memory=True)
-        staged = host[:array.size].view(array.shape)
-        staged.numpy()[...] = array
+        if host is None or host.dtype != source.dtype or host.numel() < source.numel():
+            host = self._host[index] = torch.empty(source.numel(), dtype=source.dtype, pin_memory=True)
+        staged = host[:source.numel()].view(source.shape)
+        staged.copy_(source)
         tensor = staged.to(self.device, non_blocking=True)
         event = self._copied[index] = torch.cuda.Event()
         event.record()

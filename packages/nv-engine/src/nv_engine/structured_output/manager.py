@@ -19,10 +19,12 @@ forward of step N+1 first, then accepts step N's tokens and fills step N+1's bit
 device runs it, and samples step N+1 after (ModelRunner.sample). Preemption keeps a sequence's
 output, and so its matcher's state.
 
-Fills go through xgrammar.BatchGrammarMatcher: one call per step (rows in parallel threads in large
-batches, see ROWS_PER_FILL_THREAD), into one of two preallocated buffers (alternating, so the engine
-may fill step N+1's while step N's is being sent). Accepts are one accept_token per row. Rows
-without a grammar allow every token; finished rows too (their token is dropped).
+Fills go through xgrammar.BatchGrammarMatcher: one call per step (rows in parallel threads, see
+fill_threads_for), into one of two preallocated buffers (alternating, so the engine may fill step
+N+1's while step N's is being sent); with pin_memory (the runner shares this process and runs on
+CUDA) the buffers are page-locked, so the runner copies them to the device as they are. Accepts are
+one accept_token per row. Rows without a grammar allow every token; finished rows too (their token is
+dropped).
 """
 from __future__ import annotations
 
@@ -49,12 +51,27 @@ logger = logging.getLogger(__name__)
 
 # How long release(wait=True) blocks for a compile before the engine loop looks at its commands again.
 RELEASE_WAIT_SECONDS = 0.05
-# Threads of one batched bitmask fill: one per ROWS_PER_FILL_THREAD rows, at most half the cores and
-# MAX_FILL_THREADS. A fill on more than one thread starts its threads at each call (some 70 us on 2
-# threads, against 2 us for one row on one), while a JSON-schema row fills in about 2 us: threads pay
-# only for large batches.
+# Threads of one batched bitmask fill: one per ROWS_PER_FILL_THREAD rows, at most half the cores this
+# process may run on and MAX_FILL_THREADS (fill_threads_for; on 2 cores every fill stays on one thread).
+# A fill on more than one thread starts its threads at each call, while a JSON-schema row over a
+# 49k-token vocabulary fills in 2-12 us: inside an engine step 4 threads filled ~54 rows in 0.50-0.58 ms
+# against 0.31-0.35 ms on one (16 cores), so threads pay only for large batches.
 ROWS_PER_FILL_THREAD = 128
 MAX_FILL_THREADS = 8
+
+
+def fill_threads_for(num_rows: int, num_cores: int) -> int:
+    """Threads of a batched fill of num_rows rows on a process that may run on num_cores cores."""
+    limit = max(1, min(MAX_FILL_THREADS, num_cores // 2))
+    return max(1, min(limit, -(-num_rows // ROWS_PER_FILL_THREAD)))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -65,10 +82,11 @@ class ReleasedRequests:
 
 class StructuredOutputManager:
     """Grammars and matchers of one engine. vocab_size: the model's (logits width); eos_token_ids end
-    a completed grammar."""
+    a completed grammar; pin_memory: bitmask buffers in page-locked memory (only where the runner that
+    reads them shares this process and runs on CUDA: it then copies them to the device directly)."""
 
     def __init__(self, load_tokenizer: Callable[[], HFTokenizer | None], vocab_size: int,
-                 eos_token_ids: Sequence[int]) -> None:
+                 eos_token_ids: Sequence[int], pin_memory: bool = False) -> None:
         self._load_tokenizer = load_tokenizer      # called once, at the first grammar (an engine core has no
         self.tokenizer: HFTokenizer | None = None  # tokenizer of its own until then)
         self.vocab_size = vocab_size
@@ -84,7 +102,8 @@ class StructuredOutputManager:
         self._stop_token_ids = frozenset(self._eos_token_ids)
         self._batch_matchers: dict[int, xgrammar.BatchGrammarMatcher] = {}   # by threads
         self.fill_threads: int | None = None     # threads of every batched fill (None: by the rows, _batch_matcher)
-        self._max_fill_threads = max(1, min(MAX_FILL_THREADS, (os.cpu_count() or 2) // 2))
+        self._num_cores = usable_cores()
+        self.pin_memory = pin_memory
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
         self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
@@ -213,13 +232,22 @@ class StructuredOutputManager:
 
     def _bitmask_buffer(self, num_rows: int) -> np.ndarray:
         if not self._bitmasks or self._bitmasks[0].shape[0] < num_rows:
-            self._bitmasks = [np.empty((num_rows, self.bitmask_width), dtype=np.int32) for _ in range(2)]
+            self._bitmasks = [self._new_bitmask(num_rows) for _ in range(2)]
         self._next_bitmask = 1 - self._next_bitmask
         return self._bitmasks[self._next_bitmask][:num_rows]
 
+    def _new_bitmask(self, num_rows: int) -> np.ndarray:
+        """[num_rows, W] int32, page-locked with pin_memory."""
+        if not self.pin_memory:
+            return np.empty((num_rows, self.bitmask_width), dtype=np.int32)
+        # only an engine whose runner shares its process on CUDA pins (torch is loaded there)
+        import torch
+
+        return torch.empty((num_rows, self.bitmask_width), dtype=torch.int32, pin_memory=True).numpy()
+
     def _batch_matcher(self, num_rows: int) -> xgrammar.BatchGrammarMatcher:
-        """The batched filler of num_rows rows: fill_threads threads, else one per ROWS_PER_FILL_THREAD rows."""
-        threads = self.fill_threads or min(self._max_fill_threads, 1 + (num_rows - 1) // ROWS_PER_FILL_THREAD)
+        """The batched filler of num_rows rows: fill_threads threads, else fill_threads_for the rows."""
+        threads = self.fill_threads or fill_threads_for(num_rows, self._num_cores)
         matcher = self._batch_matchers.get(threads)
         if matcher is None:
             matcher = self._batch_matchers[threads] = import_xgrammar().BatchGrammarMatcher(max_threads=threads)
