@@ -13,7 +13,9 @@ SCRIPT = textwrap.dedent('''
 
     def preloaded(queue):
         # in the core's process, before anything of the target ran: what the forkserver imported
-        queue.put(sorted(m for m in ("torch", "nv_engine.engine_core_process") if m in sys.modules))
+        queue.put(sorted(m for m in ("torch", "nv_engine.engine_core_process", "nv_engine.runner.model_runner",
+                                     "nv_qwen3", "transformers.models.auto.configuration_auto")
+                         if m in sys.modules))
 
     if __name__ == "__main__":
         started = CoreForkserver.start()
@@ -38,8 +40,11 @@ def _run(tmp_path, **env: str) -> list[str]:
 
 def test_cores_fork_from_a_server_that_imported_their_modules(tmp_path):
     lines = _run(tmp_path)
-    # the frontend itself has not imported torch yet; the forked process finds it (and the core's module) loaded
-    assert lines == ["started True forkserver False", "child nv_engine.engine_core_process torch", "exit 0"]
+    # the frontend itself has not imported torch yet; the forked process finds it loaded, with the core's module, what
+    # building the core imports (model runner, models) and what unpickling its HF config needs (transformers' index)
+    assert lines == ["started True forkserver False",
+                     "child nv_engine.engine_core_process nv_engine.runner.model_runner nv_qwen3 torch "
+                     "transformers.models.auto.configuration_auto", "exit 0"]
 
 
 def test_switched_off_cores_are_spawned(tmp_path):

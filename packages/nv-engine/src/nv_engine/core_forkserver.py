@@ -7,6 +7,12 @@ two import phases ran one after the other. `CoreForkserver.start()`, called firs
 imports run while the frontend's do; the core is then forked from it, ready to build. For multiprocessing the
 frontend is still the core's parent (sentinel, exit code, join).
 
+The preload covers everything the core imports before it is ready, not only the spawn target's imports: the pickled
+EngineConfig's HF config class (transformers' model index, which reads the source of every model it ships: ~1 s of
+a CPU core) and the modules that building the core imports (executor, model runner, CUDA's attention backend, the
+built-in models). A fork waits until the preload is done, so work moved into it never delays the core: it either
+overlaps the frontend's own setup or would have run after the fork anyway.
+
 Safe because the forkserver never touches CUDA (it only imports). A forkserver child's environment is the
 server's, taken when it started; EngineCoreProcess.main applies the variables the frontend sets for one core (a
 data-parallel core's CUDA_VISIBLE_DEVICES) itself. Without start(), or with NV_CORE_FORKSERVER=0, cores are spawned
@@ -19,8 +25,19 @@ import os
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
-# The spawn target's module (torch, nv's layers and kernels, zmq) and transformers (the pickled model config's classes).
-PRELOAD = ["nv_engine.engine_core_process", "transformers"]
+from nv_engine.checkpoints.registry import builtin_model_modules
+
+PRELOAD = [
+    "nv_engine.engine_core_process",    # the spawn target's module: torch, nv's kernels, zmq
+    "transformers",
+    # unpickling the config's HF config class: transformers' model index and AutoConfig's tables
+    "transformers.models.auto.configuration_auto",
+    # building the core: the executor, the model runner (layers, CUDA graphs), CUDA's default attention backend
+    "nv_engine.executor",
+    "nv_engine.runner.model_runner",
+    "nv_kernels.triton_backend",
+    *builtin_model_modules(),
+]
 
 
 class CoreForkserver:

@@ -25,6 +25,11 @@ def register_model(architecture: str, model_class: type | str) -> None:
     _REGISTERED[architecture] = model_class
 
 
+def builtin_model_modules() -> list[str]:
+    """The modules of the built-in table's model classes (what a process may import ahead of building a model)."""
+    return sorted({target.partition(":")[0] for target in _BUILTIN.values()})
+
+
 def _entry_point_table() -> dict[str, Any]:
     try:
         return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -15,6 +16,9 @@ from nv_engine.entrypoints.server.limits import ServerLimits
 from nv_engine.logging_config import configure_logging
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
+
+# what `pip install 'nv-engine[serve]'` adds
+SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "prometheus_client")
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,13 +123,11 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    try:   # before the (slow) engine start
-        import fastapi  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:   # the serve extra is missing
+    # before the (slow) engine start; found, not imported: the imports run beside the engine's start (below)
+    missing = [name for name in SERVE_EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
         raise SystemExit(f"nv serve needs FastAPI, uvicorn and prometheus_client: "
-                         f"pip install 'nv-engine[serve]' ({exc})") from exc
+                         f"pip install 'nv-engine[serve]' (No module named {missing[0]!r})")
     if args.max_n < 1:
         raise SystemExit("--max-n must be at least 1")
     server_limits(args)   # a bad limit fails before the (slow) engine start
