@@ -50,3 +50,23 @@ def test_cores_fork_from_a_server_that_imported_their_modules(tmp_path):
 def test_switched_off_cores_are_spawned(tmp_path):
     lines = _run(tmp_path, NV_CORE_FORKSERVER="0")
     assert lines == ["started False spawn False", "child", "exit 0"]
+
+
+NO_CUDA_SCRIPT = textwrap.dedent('''
+    import torch.cuda
+    calls = []
+    real = torch.cuda._lazy_init
+    torch.cuda._lazy_init = lambda: calls.append("init") or real()
+    from nv_engine.core_forkserver import PRELOAD
+    for name in PRELOAD:
+        __import__(name)
+    print("cuda inits", len(calls))
+''')
+
+
+def test_preloading_never_starts_cuda(tmp_path):
+    # a CUDA context made in the forkserver would be inherited, broken, by every forked core
+    script = tmp_path / "preload_check.py"
+    script.write_text(NO_CUDA_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.splitlines()[-1] == "cuda inits 0"
