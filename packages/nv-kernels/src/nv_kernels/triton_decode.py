@@ -31,6 +31,7 @@ from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
+from nv_kernels.triton_store import quantize_to
 
 LOG2E = 1.4426950408889634
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
@@ -151,7 +152,7 @@ def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot,
                      BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
                      HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr):
     """The new token's k (normed, rotated) and v of this KV head into the cache at `slot` (row 0 of [R, D]
-    tiles; an FP8 cache gets clamp(x / scale) rounded, as the store kernels write it)."""
+    tiles; an FP8 cache gets the store kernel's quantize_to)."""
     one = rows < 1
     d_mask = d < HEAD_DIM
     m = one[:, None] & d_mask[None, :]
@@ -164,16 +165,10 @@ def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot,
     k_dst = K + page * stride_cb + in_page * stride_cs + kv_head * stride_ch + rows[:, None] * 0 + d[None, :]
     v_dst = (V + page * stride_vb + in_page * stride_vs + kv_head * stride_vh + rows[:, None] * 0
              + d[None, :] * stride_vd)
-    if FP8_MAX > 0:
-        ks = tl.load(K_SCALE + kv_head * stride_ksh + d * stride_ksd, mask=d_mask, other=1.0)[None, :]
-        vs = tl.load(V_SCALE + kv_head * stride_vsh + d * stride_vsd, mask=d_mask, other=1.0)[None, :]
-        k8 = tl.minimum(tl.maximum(k.to(tl.float32) / ks, -FP8_MAX), FP8_MAX)
-        v8 = tl.minimum(tl.maximum(v.to(tl.float32) / vs, -FP8_MAX), FP8_MAX)
-        tl.store(k_dst, k8.to(K.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
-        tl.store(v_dst, v8.to(V.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
-    else:
-        tl.store(k_dst, k.to(K.dtype.element_ty), mask=m)
-        tl.store(v_dst, v.to(V.dtype.element_ty), mask=m)
+    k_scales = K_SCALE + kv_head * stride_ksh + rows[:, None] * 0 + d[None, :] * stride_ksd   # [R, D] pointers
+    v_scales = V_SCALE + kv_head * stride_vsh + rows[:, None] * 0 + d[None, :] * stride_vsd
+    tl.store(k_dst, quantize_to(k, k_scales, m, FP8_MAX, K.dtype.element_ty), mask=m)
+    tl.store(v_dst, quantize_to(v, v_scales, m, FP8_MAX, V.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
