@@ -76,6 +76,7 @@ def test_decode_through_backend_default_splits(kernels: dict, poisoned: None) ->
     ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
                      max_seqlen_k=64, scale=1.0)
     assert kernels["decode"].choose_num_splits(2, 1, 4096, 4) > 1
+    assert kernels["decode"].choose_num_splits(64, 8, 4096, 132) == 1   # enough programs: no merge kernel
     assert relative_error(out, ref) < TOL
 
 
