@@ -19,6 +19,7 @@ import datetime
 import itertools
 import json
 import time
+from typing import Any
 
 import torch
 import triton
@@ -26,6 +27,7 @@ from triton.testing import do_bench
 
 from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.fused_rope import qk_norm_rope_triton
+from nv_kernels.triton_decode import _decode_split_kernel as decode_split_kernel  # registers, spills
 from nv_kernels.triton_decode import choose_num_splits, choose_tile, decode_attention
 from nv_kernels.triton_prefill import prefill_attention
 from nv_kernels.triton_store import store_kvcache
@@ -133,6 +135,8 @@ def bench_rope(batches: list[int], layers: int, results: list[dict], context: in
         print(f"decode+rope B={batch:3d} ctx={context} BS={bs}: unfused {row['unfused_us']:6.2f} us  fused "
               f"{row['fused_us']:6.2f} us  decode alone {row['decode_alone_us']:6.2f} us  (per layer; x{layers} "
               f"layers = {layers * (row['unfused_us'] - row['fused_us']):.1f} us saved per step)", flush=True)
+        print(f"  (registers, spills) of the decode kernel: plain {row['unfused_regs_spills']}  with rope "
+              f"{row['fused_regs_spills']}", flush=True)
 
 
 def rope_row(batch: int, layers: int, context: int, bs: int) -> dict:
@@ -161,10 +165,23 @@ def rope_row(batch: int, layers: int, context: int, bs: int) -> dict:
     def plain(i: int) -> None:
         decode_attention(q, kc, vc, seq_lens, tables[i], 4096, SCALE)
 
-    row = dict(kernel="decode_rope", batch=batch, context=context, block_size=bs, layers=layers)
-    row.update({name: graph_us(fn, layers) for name, fn in (("unfused_us", unfused), ("fused_us", fused),
-                                                             ("decode_alone_us", plain))})
+    row: dict = dict(kernel="decode_rope", batch=batch, context=context, block_size=bs, layers=layers)
+    for name, fn in (("unfused", unfused), ("fused", fused), ("decode_alone", plain)):
+        before = decode_variants()
+        row[f"{name}_us"] = graph_us(fn, layers)
+        new = [k for key, k in decode_variants().items() if key not in before and hasattr(k, "n_regs")]   # by fn
+        row[f"{name}_regs_spills"] = [(k.n_regs, k.n_spills) for k in new]
     return row
+
+
+def decode_variants() -> dict[int, Any]:
+    """The decode split kernel's compiled variants so far (id -> compiled kernel: n_regs, n_spills)."""
+    found: dict[int, Any] = {}
+    for cache in getattr(decode_split_kernel, "device_caches", {}).values():   # none under the interpreter
+        for part in cache if isinstance(cache, tuple) else ():
+            if isinstance(part, dict):
+                found.update({id(kernel): kernel for kernel in part.values()})
+    return found
 
 
 def bench_store(results: list[dict]) -> None:
