@@ -6,6 +6,11 @@ config sweep, and the achieved KV bytes/s over the copy bandwidth; then store_kv
 Every KV cache is far larger than the 60 MB L2 and its block table is a random permutation.
 
     PYTHONPATH=packages/nv-kernels/src python3 scripts/bench_decode_attention.py [--quick] [--json out.json]
+
+--rope instead times a decode step's attention at batch 1/16/64 x context 1024, block size 64 (max_seqlen_k
+4096, as the engine's graphs): the unfused path (q/k norm + rotary + store kernel, then decode), the fused one
+(decode_attention with a DecodeRope) and decode alone, each as --layers calls (28) on distinct caches in one
+CUDA graph, in us per layer. Point PYTHONPATH at another checkout's src to compare kernel versions.
 """
 from __future__ import annotations
 
@@ -14,11 +19,15 @@ import datetime
 import itertools
 import json
 import time
+from typing import Any
 
 import torch
 import triton
 from triton.testing import do_bench
 
+from nv_kernels.decode_rope import DecodeRope
+from nv_kernels.fused_rope import qk_norm_rope_triton
+from nv_kernels.triton_decode import _decode_split_kernel as decode_split_kernel  # registers, spills
 from nv_kernels.triton_decode import choose_num_splits, choose_tile, decode_attention
 from nv_kernels.triton_prefill import prefill_attention
 from nv_kernels.triton_store import store_kvcache
@@ -103,6 +112,78 @@ def bench_decode(batch: int, context: int, block_sizes: list[int], copy_bw: floa
         del inp
 
 
+def graph_us(fn, repeats: int) -> float:
+    """fn(i) for i < repeats captured in one CUDA graph; median us per call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(0)   # compile off the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(repeats):
+            fn(i)
+    return 1e3 * median_ms(graph.replay, rep=200) / repeats
+
+
+def bench_rope(batches: list[int], layers: int, results: list[dict], context: int = 1024, bs: int = 64) -> None:
+    """Unfused (norm + rotary + store, then decode) vs fused (decode_attention with a DecodeRope) vs decode alone;
+    layer i reads its own pages of one pool (no layer finds the previous one's KV in L2)."""
+    for batch in batches:
+        row = rope_row(batch, layers, context, bs)
+        results.append(row)
+        print(f"decode+rope B={batch:3d} ctx={context} BS={bs}: unfused {row['unfused_us']:6.2f} us  fused "
+              f"{row['fused_us']:6.2f} us  decode alone {row['decode_alone_us']:6.2f} us  (per layer; x{layers} "
+              f"layers = {layers * (row['unfused_us'] - row['fused_us']):.1f} us saved per step)", flush=True)
+        print(f"  (registers, spills) of the decode kernel: plain {row['unfused_regs_spills']}  with rope "
+              f"{row['fused_regs_spills']}", flush=True)
+
+
+def rope_row(batch: int, layers: int, context: int, bs: int) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, D, 2, device="cuda").float() / D))
+    freqs = torch.outer(torch.arange(8192, device="cuda").float(), inv_freq)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    q_w, k_w = ((torch.rand(D, device="cuda", generator=gen) + 0.5).to(DTYPE) for _ in range(2))
+    inp = make_decode_inputs(batch * layers, context, bs)   # seq_lens: the new token is token context - 1
+    qkv = torch.randn(batch, (HQ + 2 * HKV) * D, device="cuda", generator=gen).to(DTYPE)
+    q, k, v = (t.view(batch, -1, D) for t in qkv.split([HQ * D, HKV * D, HKV * D], dim=-1))
+    positions = torch.full((batch,), context - 1, device="cuda", dtype=torch.int64)
+    tables = inp["block_tables"].view(layers, batch, -1)
+    ropes = [DecodeRope(k=k, v=v, positions=positions, cos_sin_cache=cos_sin, q_weight=q_w, k_weight=k_w,
+                        slot_mapping=(t[:, (context - 1) // bs].long() * bs + (context - 1) % bs)) for t in tables]
+    seq_lens, kc, vc = inp["seq_lens"][:batch], inp["k_cache"], inp["v_cache"]
+
+    def unfused(i: int) -> None:
+        q_out, _, _ = qk_norm_rope_triton(q, k, v, positions, cos_sin, head_dim=D, rotary_dim=D, q_weight=q_w,
+                                          k_weight=k_w, k_cache=kc, v_cache=vc, slot_mapping=ropes[i].slot_mapping)
+        decode_attention(q_out, kc, vc, seq_lens, tables[i], 4096, SCALE)
+
+    def fused(i: int) -> None:
+        decode_attention(q, kc, vc, seq_lens, tables[i], 4096, SCALE, rope=ropes[i])
+
+    def plain(i: int) -> None:
+        decode_attention(q, kc, vc, seq_lens, tables[i], 4096, SCALE)
+
+    row: dict = dict(kernel="decode_rope", batch=batch, context=context, block_size=bs, layers=layers)
+    for name, fn in (("unfused", unfused), ("fused", fused), ("decode_alone", plain)):
+        before = decode_variants()
+        row[f"{name}_us"] = graph_us(fn, layers)
+        new = [k for key, k in decode_variants().items() if key not in before and hasattr(k, "n_regs")]   # by fn
+        row[f"{name}_regs_spills"] = [(k.n_regs, k.n_spills) for k in new]
+    return row
+
+
+def decode_variants() -> dict[int, Any]:
+    """The decode split kernel's compiled variants so far (id -> compiled kernel: n_regs, n_spills)."""
+    found: dict[int, Any] = {}
+    for cache in getattr(decode_split_kernel, "device_caches", {}).values():   # none under the interpreter
+        for part in cache if isinstance(cache, tuple) else ():
+            if isinstance(part, dict):
+                found.update({id(kernel): kernel for kernel in part.values()})
+    return found
+
+
 def bench_store(results: list[dict]) -> None:
     tokens = 8192
     qkv = torch.randn(tokens, (HQ + 2 * HKV) * D, device="cuda", dtype=DTYPE)
@@ -164,14 +245,23 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0, help="stop sweeping after this long")
     parser.add_argument("--json", help="write all results here")
     parser.add_argument("--block-sizes", default="16,32,64,128,256")
+    parser.add_argument("--rope", action="store_true", help="only the fused decode's timing (see above)")
+    parser.add_argument("--rope-batches", default="1,16,64")
+    parser.add_argument("--layers", type=int, default=28, help="--rope: calls per graph, on distinct caches")
     args = parser.parse_args()
     start = time.time()
     header = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                   gpu=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__)
     print(header, flush=True)
+    results: list[dict] = []
+    if args.rope:
+        bench_rope([int(b) for b in args.rope_batches.split(",")], args.layers, results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(header, results=results), f, indent=1)
+        return
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth: {copy_bw / 1e12:.3f} TB/s (read + write)", flush=True)
-    results: list[dict] = []
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
     tuned: dict[int, dict] = {}
     deadline = start + args.budget_s
