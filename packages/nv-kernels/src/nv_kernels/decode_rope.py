@@ -4,9 +4,7 @@ In a decode step each sequence brings one new token. Instead of a separate kerne
 q and k and stores k and v into the paged cache (nv_kernels.fused_rope), the decode attention kernel takes the
 q/k/v projection's raw output and does it: every program normalizes and rotates its query rows, and the one
 program whose split holds the new token (position seq_lens[b] - 1) stores that token's k and v into the cache
-at slot_mapping[b] and adds them to its softmax from registers, as the cache holds them (rounded, or quantized
-for FP8): nothing in the kernel reads the store back. slot < 0 (a padding row): nothing stored, and the token's
-cache position is read as the unfused path would. Numerics as fused_rope's.
+at slot_mapping[b] (slot < 0: nothing stored) before it reads the cache. Numerics as fused_rope's.
 """
 from __future__ import annotations
 

@@ -86,22 +86,6 @@ def load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask,
 
 
 @triton.jit
-def _softmax_step(q, acc, m_i, l_i, k, v, n_mask, qk_scale, MASKED: tl.constexpr, PRECISION: tl.constexpr,
-                  COMPUTE: tl.constexpr):
-    """The online softmax (acc [GP, D], m_i and l_i [GP], log2 units) taken over the tokens of k / v [N, D] in
-    COMPUTE; MASKED: only the tokens where n_mask [N] holds (the others get probability 0)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, N], log2 units
-    if MASKED:
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), v, input_precision=PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
                  stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale,
                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
@@ -112,10 +96,17 @@ def _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
     k, v = load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs, stride_ch,
                          stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, TILE, MASKED, V_TOKEN_MAJOR,
                          COMPUTE)  # [TILE, D] each
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TILE], log2 units
     if MASKED:
+        s = tl.where(n_mask[None, :], s, float("-inf"))
         if V_TOKEN_MAJOR:   # read unmasked: p is 0 past `end`, but 0 * NaN is not
             v = tl.where(v == v, v, 0.0)
-    return _softmax_step(q, acc, m_i, l_i, k, v, n_mask, qk_scale, MASKED, PRECISION, COMPUTE)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), v, input_precision=PRECISION)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -161,8 +152,7 @@ def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot,
                      BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
                      HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr):
     """The new token's k (normed, rotated) and v of this KV head into the cache at `slot` (row 0 of [R, D]
-    tiles; an FP8 cache gets the store kernel's quantize_to). Returns the tiles as stored (the caches' dtypes,
-    rows past 0 zero): what a read of the cache would see, without the read."""
+    tiles; an FP8 cache gets the store kernel's quantize_to)."""
     one = rows < 1
     d_mask = d < HEAD_DIM
     m = one[:, None] & d_mask[None, :]
@@ -177,11 +167,8 @@ def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot,
              + d[None, :] * stride_vd)
     k_scales = K_SCALE + kv_head * stride_ksh + rows[:, None] * 0 + d[None, :] * stride_ksd   # [R, D] pointers
     v_scales = V_SCALE + kv_head * stride_vsh + rows[:, None] * 0 + d[None, :] * stride_vsd
-    k = quantize_to(k, k_scales, m, FP8_MAX, K.dtype.element_ty)
-    v = quantize_to(v, v_scales, m, FP8_MAX, V.dtype.element_ty)
-    tl.store(k_dst, k, mask=m)
-    tl.store(v_dst, v, mask=m)
-    return k, v
+    tl.store(k_dst, quantize_to(k, k_scales, m, FP8_MAX, K.dtype.element_ty), mask=m)
+    tl.store(v_dst, quantize_to(v, v_scales, m, FP8_MAX, V.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
@@ -197,9 +184,7 @@ def _decode_split_kernel(
     HALF: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     # ROPE (decode_rope.py): Q, K_NEW, V_NEW are the raw q/k/v heads of the new tokens; q is normed and rotated
-    # here. The program whose split holds token seq_len - 1 (with SLOTS[b] >= 0) reads its split but that token
-    # from the cache, then stores the token's k / v at SLOTS[b] and adds them to its softmax from registers:
-    # nothing here reads the store back, so no program waits on it (and no barrier orders it).
+    # here, and the program whose split holds token seq_len - 1 stores its k / v at SLOTS[b] before any read.
     if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -224,40 +209,30 @@ def _decode_split_kernel(
         q = _norm_rope_rows(Q + b.to(tl.int64) * stride_qb, heads * stride_qh, row_mask, d, QW, cos, sin, eps,
                             HEAD_DIM, HALF, HAS_NORM)                                 # [GP, D]
         slot = tl.load(SLOTS + b)
-        # fold: this program owns the new token (then end == seq_len) and stores it. A padding row (slot < 0)
-        # stores nothing and reads the token's cache position as the unfused path would.
-        fold = (seq_len - 1 >= start) & (seq_len - 1 < end) & (slot >= 0)
-        read_end = end - fold.to(tl.int32)   # >= start: the tiles read tokens [start, read_end) only
+        if (seq_len - 1 >= start) & (seq_len - 1 < end) & (slot >= 0):
+            _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos, sin, eps,
+                             stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
+                             stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh,
+                             stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM, FP8_MAX)
+        tl.debug_barrier()   # the CTA's stores above precede its loads of the cache below
     else:
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                     mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [GP, D]
-        read_end = end
     q = scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8, COMPUTE)
     table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    full_end = start + (read_end - start) // TILE * TILE   # tiles before it lie inside the split: no masks
+    full_end = start + (end - start) // TILE * TILE   # tiles before it lie inside the split: no masks
     for n0 in range(start, full_end, TILE):
-        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, read_end, kv_head, d, d_mask,
+        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
                                      stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
                                      qk_scale, BLOCK_SIZE, TILE, False, V_TOKEN_MAJOR, PRECISION, COMPUTE)
-    for n0 in range(full_end, read_end, TILE):   # at most one partial tile
-        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, read_end, kv_head, d, d_mask,
+    for n0 in range(full_end, end, TILE):   # at most one partial tile
+        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
                                      stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
                                      qk_scale, BLOCK_SIZE, TILE, True, V_TOKEN_MAJOR, PRECISION, COMPUTE)
-    if ROPE:
-        if fold:   # after the tiles: their first loads wait on none of this token's loads and arithmetic
-            # k_new / v_new [GP, D] in the caches' dtypes, row 0 the token: converted as the tiles convert (an
-            # FP8 cache: q carries k_scale and the output gets v_scale below, as for every cached token)
-            k_new, v_new = _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos,
-                                            sin, eps, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb,
-                                            stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
-                                            stride_ksh, stride_ksd, stride_vsh, stride_vsd, BLOCK_SIZE, HEAD_DIM,
-                                            HALF, HAS_NORM, FP8_MAX)
-            acc, m_i, l_i = _softmax_step(q, acc, m_i, l_i, k_new.to(COMPUTE), v_new.to(COMPUTE), rows < 1,
-                                          qk_scale, True, PRECISION, COMPUTE)
 
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]  # [GP, D]; zero for an empty split or seq_len 0
