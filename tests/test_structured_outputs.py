@@ -175,6 +175,24 @@ def test_params_need_exactly_one_constraint():
     assert not params.needs_output_token_ids  # keeps async scheduling (the bitmask overlaps the forward)
 
 
+def test_the_engines_copy_of_a_constraint_keeps_it_as_added():
+    """SamplingParams.clone (the engine's copy of a request's params) copies the schema or choices:
+    the caller's later edits of theirs change nothing the engine compiles."""
+    schema = {"type": "object", "required": ["a"], "properties": {"a": {"type": "string", "maxLength": 4},
+                                                                  "b": {"enum": [1, 2.5, True, None]}}}
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
+    choices = SamplingParams(structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    key, choice_key = params.structured_outputs.cache_key, choices.structured_outputs.cache_key
+    kept, kept_choices = params.clone(), choices.clone()
+    schema["properties"]["a"]["maxLength"] = 1
+    schema["required"].append("b")
+    schema["properties"]["b"]["enum"].pop()
+    choices.structured_outputs.choice.append("maybe")
+    assert kept.structured_outputs.cache_key == key and kept_choices.structured_outputs.cache_key == choice_key
+    assert kept.structured_outputs.json["properties"]["b"]["enum"] == [1, 2.5, True, None]
+    assert params.structured_outputs.cache_key != key
+
+
 def test_failed_compile_finishes_the_request_without_a_hang(llm, monkeypatch):
     def broken(self, grammar):
         raise ValueError("structured_outputs: the grammar does not compile: broken")
