@@ -1,8 +1,9 @@
 """StructuredOutputsParams: the constraint one request's output must follow (vLLM's shape)."""
 from __future__ import annotations
 
+import copy
 import json as json_module
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 _KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
@@ -57,6 +58,14 @@ class StructuredOutputsParams:
                                  f"got {choice!r}")
             self.choice = list(choice)
 
+    def __deepcopy__(self, memo: dict[int, object]) -> StructuredOutputsParams:
+        """The copy an engine keeps of a request's params (SamplingParams.clone): a JSON schema is copied
+        as a JSON tree (copy.deepcopy's bookkeeping costs several times more, for each request)."""
+        clone = object.__new__(StructuredOutputsParams)
+        for field in fields(self):
+            setattr(clone, field.name, _copy_json(getattr(self, field.name), memo))
+        return clone
+
     @property
     def kind(self) -> str:
         """Which constraint is set: one of json, json_object, regex, choice, grammar, structural_tag."""
@@ -73,6 +82,18 @@ class StructuredOutputsParams:
     @property
     def cache_key(self) -> tuple[str, str]:
         return self.kind, self.spec
+
+
+def _copy_json(value: object, memo: dict[int, object]) -> object:
+    """A deep copy of a JSON value (dicts, lists, strings, numbers, booleans, None); anything else
+    through copy.deepcopy."""
+    if value is None or isinstance(value, (str, int, float)):     # immutable (bool is an int)
+        return value
+    if type(value) is dict:
+        return {key: _copy_json(item, memo) for key, item in value.items()}
+    if type(value) is list:
+        return [_copy_json(item, memo) for item in value]
+    return copy.deepcopy(value, memo)
 
 
 def _json_value(name: str, text: str) -> object:
