@@ -272,7 +272,7 @@ def test_a_worker_fill_overlaps_the_next_steps_host_work(llm, monkeypatch):
 
     def slow_fill(*args):
         events.append(("fill start", time.perf_counter()))
-        time.sleep(0.02)        # in the worker: the engine's thread runs on meanwhile
+        time.sleep(0.005)       # in the worker: the engine's thread runs on meanwhile
         try:
             return fill(*args)
         finally:
