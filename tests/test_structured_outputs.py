@@ -260,54 +260,6 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     assert all(reason == "stop" for _, reason in overlapped[5:8])       # grammars end ignore_eos rows
 
 
-def test_a_worker_fill_overlaps_the_next_steps_host_work(llm, monkeypatch):
-    """With the fill in a worker thread, the core builds the next step's inputs while the fill runs
-    (the host work that needs no bitmask), and launches that step only after the filled bitmask
-    sampled the step before it (its input ids are that step's sampled ids)."""
-    core = llm.llm_engine.core
-    manager = core.structured_outputs
-    executor = core.live_executor()
-    events: list[tuple[str, float]] = []
-    fill, prepare, launch, sample = StructuredOutputManager._fill, core._prepare, executor.launch, executor.sample
-
-    def slow_fill(*args):
-        events.append(("fill start", time.perf_counter()))
-        time.sleep(0.005)       # in the worker: the engine's thread runs on meanwhile
-        try:
-            return fill(*args)
-        finally:
-            events.append(("fill end", time.perf_counter()))
-
-    def record(name, method):
-        def recorded(*args):
-            events.append((name, time.perf_counter()))
-            return method(*args)
-        return recorded
-
-    monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(slow_fill))
-    monkeypatch.setattr(core, "_prepare", record("prepare", prepare))
-    monkeypatch.setattr(executor, "launch", record("launch", launch))
-    monkeypatch.setattr(executor, "sample", record("sample", sample))
-    default = manager.fill_in_worker
-    manager.fill_in_worker = True
-    try:
-        outputs = llm.generate(PROMPTS[:3], [constrained(json=SCHEMAS[i]) for i in range(3)], use_tqdm=False)
-    finally:
-        manager.fill_in_worker = default
-    for i, output in enumerate(outputs):
-        jsonschema.validate(json.loads(finished_text(output), strict=False), SCHEMAS[i])
-    events.sort(key=lambda event: event[1])
-    names = [name for name, _ in events]
-    overlapped = 0
-    for i, name in enumerate(names):
-        if name == "fill start":
-            end = names.index("fill end", i)
-            overlapped += "prepare" in names[i:end]
-            assert "launch" not in names[i:end] and "sample" not in names[i:end]   # sampling waits for the fill
-            assert names[end + 1:].index("sample") < (names[end + 1:] + ["launch"]).index("launch")
-    assert overlapped >= 5
-
-
 def test_switching_async_scheduling_off_with_a_grammar_step_in_flight(llm):
     """A grammar run ends with a step in flight (launched before the ids that end the grammars came
     back). Switching async scheduling off then (between runs) collects that step first: the next
@@ -408,14 +360,6 @@ def test_fill_threads_follow_the_rows_and_the_cores():
     assert [fill_threads_for(rows, 16) for rows in (1, 64, 128, 129, 256, 4096)] == [1, 1, 1, 2, 2, 8]
     assert [fill_threads_for(1024, cores) for cores in (1, 3, 4, 6, 64)] == [1, 1, 2, 3, 8]
     assert fill_threads_for(0, 16) == 1
-
-
-def test_the_fill_runs_in_a_worker_thread_from_four_cores(monkeypatch):
-    from nv_engine.structured_output import manager as manager_module
-
-    for cores, in_worker in ((1, False), (2, False), (4, True), (16, True)):
-        monkeypatch.setattr(manager_module, "usable_cores", lambda cores=cores: cores)
-        assert StructuredOutputManager(lambda: None, 64, [0]).fill_in_worker is in_worker
 
 
 def test_manager_bitmask_buffers_pinned_only_when_asked(llm):

@@ -58,8 +58,6 @@ RELEASE_WAIT_SECONDS = 0.05
 # against 0.31-0.35 ms on one (16 cores), so threads pay only for large batches.
 ROWS_PER_FILL_THREAD = 128
 MAX_FILL_THREADS = 8
-# Cores from which fill_bitmask_async fills in a worker thread by default (StructuredOutputManager.fill_in_worker).
-WORKER_FILL_MIN_CORES = 4
 
 
 def fill_threads_for(num_rows: int, num_cores: int) -> int:
@@ -109,12 +107,12 @@ class StructuredOutputManager:
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
         self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
-        # True: fill_bitmask_async fills in a worker thread (xgrammar fills without the GIL), so the
-        # engine's host work up to the step's sampling (the report, the frontend, the next step's
-        # schedule and inputs) overlaps the fill. False: in the caller's thread, after the forward was
-        # launched, so only the device's forward overlaps it. Default: a worker where the process has
-        # WORKER_FILL_MIN_CORES cores (on fewer the worker shares a core with the engine's thread).
-        self.fill_in_worker = self._num_cores >= WORKER_FILL_MIN_CORES
+        # False (the default): fill_bitmask_async fills in the caller's thread, after the forward was
+        # launched, so the device's forward overlaps the fill. True: in a worker thread, so the engine's
+        # own work (the step's report, the frontend, the next schedule) may overlap it too; off by
+        # default: the hand-over to the worker (it must take the GIL) cost more than the fill on a
+        # busy 2-core host, for 64 JSON-schema rows.
+        self.fill_in_worker = False
 
     @property
     def compiler(self) -> GrammarCompiler:
