@@ -294,14 +294,14 @@ def _num_sms(device: torch.device) -> int:
 
 
 # Tunables (set by scripts/bench_decode_attention.py measurements on the H200, 2026-11-29: batch 256 x
-# context 1024 reads KV at 97-100% of the copy bandwidth for block sizes 16..256; splits re-measured
-# 2026-12-01 in CUDA graphs, merge included, Qwen3-0.6B heads, block 64, contexts 0.6-1.4x of 400 and
-# 1,024: batch 1-4 fastest at 8 splits (16: +0.4-1.4 us), batch 48-64 at one (2: +3-6 us, the merge's
-# launch and the partial sums' round trip), batch 16-32 at the programs rule below).
+# context 1024 reads KV at 97-100% of the copy bandwidth for block sizes 16..256). One split from 2 programs
+# per SM: re-measured 2026-12-01 in CUDA graphs with the merge, Qwen3-0.6B heads, block 64, contexts 0.6-1.4x
+# of 400 and 1,024: batch 48 and 64 fastest at one split (two: +3-6 us per layer, the merge kernel and the
+# partial sums' round trip); batch 16 and 32 keep the programs rule below.
 PROGRAMS_PER_SM = 4  # stage-1 programs wanted per SM before splitting stops
 ONE_SPLIT_PROGRAMS_PER_SM = 2  # from this many (sequence, KV head) programs per SM on, never split
 MIN_TOKENS_PER_SPLIT = 256  # a split should stream at least this much context
-MAX_SPLITS = 8
+MAX_SPLITS = 32
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> int:
