@@ -26,9 +26,10 @@ import triton
 from triton.testing import do_bench
 
 from nv_kernels.decode_rope import DecodeRope
+from nv_kernels.decode_tuning import choose_num_splits, choose_tile
 from nv_kernels.fused_rope import qk_norm_rope_triton
 from nv_kernels.triton_decode import _decode_split_kernel as decode_split_kernel  # registers, spills
-from nv_kernels.triton_decode import choose_num_splits, choose_tile, decode_attention
+from nv_kernels.triton_decode import decode_attention
 from nv_kernels.triton_prefill import prefill_attention
 from nv_kernels.triton_store import store_kvcache
 

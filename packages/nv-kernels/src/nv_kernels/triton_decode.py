@@ -20,14 +20,13 @@ float32 caches are read as before, in q's dtype.
 # (that last one: tl.extra.cuda, which triton exposes at run time only)
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from nv_kernels.decode_rope import DecodeRope
+from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.fused_rope import qk_norm_rope_triton
 from nv_kernels.kv_layout import v_strides_token_major
@@ -286,50 +285,6 @@ def compute_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> tl.dtype:
     return by_torch_dtype[q_dtype]
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-# Tunables (set by scripts/bench_decode_attention.py measurements on the H200, 2026-11-29: batch 256 x
-# context 1024 reads KV at 97-100% of the copy bandwidth for block sizes 16..256). One split from 2 programs
-# per SM: re-measured 2026-12-01 in CUDA graphs with the merge, Qwen3-0.6B heads, block 64, contexts 0.6-1.4x
-# of 400 and 1,024: batch 48 and 64 fastest at one split (two: +3-6 us per layer, the merge kernel and the
-# partial sums' round trip); batch 16 and 32 keep the programs rule below.
-PROGRAMS_PER_SM = 4  # stage-1 programs wanted per SM before splitting stops
-ONE_SPLIT_PROGRAMS_PER_SM = 2  # from this many (sequence, KV head) programs per SM on, never split
-MIN_TOKENS_PER_SPLIT = 256  # a split should stream at least this much context
-MAX_SPLITS = 32
-
-
-def choose_num_splits(batch: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> int:
-    """Splits per sequence from static facts only (never runtime seq_lens): CUDA-graph safe. One
-    split needs no merge kernel."""
-    programs = max(1, batch * num_kv_heads)
-    if programs >= ONE_SPLIT_PROGRAMS_PER_SM * num_sms:
-        return 1
-    wanted = -(-PROGRAMS_PER_SM * num_sms // programs)
-    by_length = max(1, max_seqlen_k // MIN_TOKENS_PER_SPLIT)
-    splits = max(1, min(wanted, by_length, MAX_SPLITS))
-    return 1 << (splits.bit_length() - 1)  # a power of two: fewer kernel variants
-
-
-def choose_tile(block_size: int, head_dim: int, fp8: bool = False) -> int:
-    """Tokens per KV tile (measured on the H200, D 128: bf16 64 for block sizes >= 32, 32 for 16; an FP8
-    cache 128 for block sizes >= 32: at 64 tokens its tiles carry half the bytes for the same per-tile work,
-    75.7% of the copy bandwidth at 128 against 64.2% at 64, batch 256 x context 1,024, block size 64).
-
-    A tile inside one page loads from one page base; a tile wider than the page gathers its pages.
-    """
-    if head_dim > 128:
-        return 32
-    if block_size < 32:
-        return 32
-    return 128 if fp8 else 64
-
-
 def _rope_arguments(rope: DecodeRope | None, q: Tensor) -> tuple:
     """K_NEW .. stride_cos of the split kernel (q's own tensors in their place when rope is None: unused)."""
     if rope is None:
@@ -359,7 +314,7 @@ def decode_attention(
         return out
     group = hq // hkv
     if num_splits is None:
-        num_splits = choose_num_splits(batch, hkv, max_seqlen_k, _num_sms(q.device))
+        num_splits = choose_num_splits(batch, hkv, max_seqlen_k, num_sms(q.device))
     if rope is not None and num_splits == 1:
         # With one split every program owns a new token: its store and the barrier before its first read cost
         # more than the separate norm + rotary + store kernel (H200, Qwen3-0.6B heads, context 1,024, in
