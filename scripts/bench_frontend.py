@@ -73,6 +73,10 @@ class FakeCoreClient:
     def finish_requests(self, completions: list[tuple[str, int]]) -> None:
         self.abort_requests([request_id for request_id, _ in completions])
 
+    def note_delivery(self, engine_index: int, seconds: float) -> None:
+        del engine_index
+        self.timer.add("deliver", seconds)
+
     def loop(self) -> None:
         clock = time.perf_counter
         while self.is_alive:

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-pytest.importorskip("httpx")
+pytest.importorskip("aiohttp")
 
 from nv_engine.entrypoints import cli  # noqa: E402
 from nv_engine.entrypoints.bench import make_workload  # noqa: E402

@@ -2,8 +2,8 @@
 does and report TTFT, TPOT, ITL and E2E latency and the throughput, as a table and a JSON file.
 
 The client is never the bottleneck: the requests are dealt round-robin to several worker processes
-(bench_serve_client.BenchServeClient; they import httpx, not torch), each an asyncio loop with one
-httpx client, started together once every worker is ready. Arrival
+(bench_serve_client.BenchServeClient; they import aiohttp, not torch), each an asyncio loop with one
+aiohttp session, started together once every worker is ready. Arrival
 times are drawn once for the whole run (Poisson at --request-rate, or all at once) and
 --max-concurrency is split across the workers. The requests carry only OpenAI fields and vLLM's
 `ignore_eos` (with --ignore-eos) and `stream_options.continuous_usage_stats`.
@@ -18,6 +18,8 @@ import pickle
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import IO, cast
 
@@ -70,16 +72,17 @@ def run_bench_serve_command(args: argparse.Namespace) -> int:
 
 
 def served_model(base_url: str, api_key: str | None) -> str:
-    import httpx
-
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(base_url.rstrip("/") + "/v1/models", headers=headers)
     try:
-        response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=60)
-    except httpx.HTTPError as exc:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            listing = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        raise ValueError(f"GET {base_url}/v1/models answered {exc.code}: {body[:300]}") from exc
+    except OSError as exc:      # URLError, refused, timed out
         raise ValueError(f"cannot reach {base_url} ({exc}): is the server up? (--base-url / --host --port)") from exc
-    if response.status_code != 200:
-        raise ValueError(f"GET {base_url}/v1/models answered {response.status_code}: {response.text[:300]}")
-    models = response.json().get("data") or []
+    models = listing.get("data") or []
     if not models:
         raise ValueError(f"{base_url}/v1/models lists no model: pass --model")
     return str(models[0]["id"])
@@ -154,9 +157,9 @@ def run_clients(settings: ClientSettings, dataset: BenchServeDataset, arrivals: 
 
 def run_bench_serve(args: argparse.Namespace) -> dict:
     try:
-        import httpx  # noqa: F401 - the client's one dependency beyond nv's own
+        import aiohttp  # noqa: F401 - the client's one dependency beyond nv's own
     except ImportError as exc:
-        raise ValueError(f"nv bench serve needs httpx: pip install 'nv-engine[serve]' ({exc})") from exc
+        raise ValueError(f"nv bench serve needs aiohttp: pip install 'nv-engine[serve]' ({exc})") from exc
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     chat = args.endpoint.rstrip("/").endswith("chat/completions")
     dataset = load_dataset(args)
