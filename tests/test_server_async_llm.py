@@ -43,7 +43,7 @@ def server(tiny_qwen3_dir: Path):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=180)
 
 
 def _core_idle(server, timeout: float = 20.0) -> None:

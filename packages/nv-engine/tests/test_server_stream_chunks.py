@@ -78,3 +78,57 @@ def test_chat_stream_one_delta_per_wait_and_the_finish_in_the_same_write():
     assert first["choices"][0]["delta"]["content"] == "hell" and first["usage"]["completion_tokens"] == 4
     assert last["choices"][0]["delta"]["content"] == "o" and finish["choices"][0]["finish_reason"] == "stop"
     assert usage["usage"]["completion_tokens"] == 5
+
+
+
+HOSTILE_TEXTS = ["", " hello", 'quote " backslash \\ slash /', "tab\tnew\nline\rcr", "\x00\x01\x1f\x7f",
+                 "é ü 中文 🙂", "\u2028\u2029", "</script>", "a" * 5000]
+ENDINGS = [(None, None, (100, 5)), ("stop", "</s>", None), ("stop", 2, (7, 0)), ("length", None, (3, 1024))]
+
+
+@pytest.fixture
+def fixed_clock(monkeypatch):
+    from nv_engine.entrypoints.server import protocol, stream_chunk_encoder
+
+    monkeypatch.setattr(stream_chunk_encoder.time, "time", lambda: 1_800_000_000.7)
+    monkeypatch.setattr(protocol.time, "time", lambda: 1_800_000_000.7)
+
+
+def _usage_model(usage):
+    from nv_engine.entrypoints.server.protocol import UsageInfo
+
+    return None if usage is None else UsageInfo(prompt_tokens=usage[0], completion_tokens=usage[1],
+                                                total_tokens=sum(usage))
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXTS)
+@pytest.mark.parametrize(("finish_reason", "stop_reason", "usage"), ENDINGS)
+def test_plain_completion_chunk_is_the_models_json(text, finish_reason, stop_reason, usage, fixed_clock):
+    """The encoder's completion chunk is, byte for byte, what the pydantic models give for the same chunk."""
+    from nv_engine.entrypoints.server.protocol import CompletionChoice, CompletionChunk, sse
+    from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
+
+    fast = StreamChunkEncoder("cmpl-1", "the/model").completion(3, text, finish_reason, stop_reason, usage)
+    slow = sse(CompletionChunk(id="cmpl-1", model="the/model", choices=[CompletionChoice(
+        index=3, text=text, logprobs=None, finish_reason=finish_reason, stop_reason=stop_reason)],
+        usage=_usage_model(usage)))
+    assert fast == slow
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXTS)
+@pytest.mark.parametrize(("finish_reason", "stop_reason", "usage"), ENDINGS)
+@pytest.mark.parametrize("fields", ["role", "content", "reasoning", "reasoning_only", "none"])
+def test_plain_chat_chunk_is_the_models_json(text, finish_reason, stop_reason, usage, fields, fixed_clock):
+    """The same for chat deltas: role and content always there (null when unset), reasoning fields only when set."""
+    from nv_engine.entrypoints.server.protocol import ChatCompletionChunk, ChatStreamChoice, DeltaMessage, sse
+    from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
+
+    values = {"role": dict(role="assistant", content=text), "content": dict(content=text),
+              "reasoning": dict(content="", reasoning=text, reasoning_content=text),
+              "reasoning_only": dict(reasoning=text), "none": {}}[fields]
+    delta = DeltaMessage(**values)
+    fast = StreamChunkEncoder("chatcmpl-1", "m").chat(2, delta.role, delta.content, delta.reasoning,
+                                                      delta.reasoning_content, finish_reason, stop_reason, usage)
+    slow = sse(ChatCompletionChunk(id="chatcmpl-1", model="m", choices=[ChatStreamChoice(
+        index=2, delta=delta, finish_reason=finish_reason, stop_reason=stop_reason)], usage=_usage_model(usage)))
+    assert fast == slow

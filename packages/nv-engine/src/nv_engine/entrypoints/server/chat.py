@@ -39,6 +39,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
 from nv_engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
@@ -181,6 +182,7 @@ class _ChatRun:
         self.parsers = parsers   # per choice: reasoning and tool calls out of the text
         self.num_cached_tokens = 0
         self.prompt_logprobs: list[dict | None] | None = None
+        self.encoder = StreamChunkEncoder(request_id, model)
 
     def _apply(self, outputs: list[Any]) -> set[int]:
         changed = set()
@@ -205,10 +207,17 @@ class _ChatRun:
         return self.fmt.chat(c.token_ids[start:end], (c.logprobs or [])[start:end], self.top_logprobs)
 
     def _chunk(self, choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
-        if choice is not None and self.req.continuous_usage:   # the choice's usage so far, as vLLM
-            done = len(self.choices[choice.index].token_ids)
-            usage = UsageInfo(prompt_tokens=self.num_prompt_tokens, completion_tokens=done,
-                              total_tokens=self.num_prompt_tokens + done)
+        if choice is not None:
+            # the choice's usage so far, as vLLM (continuous_usage_stats)
+            so_far = ((self.num_prompt_tokens, len(self.choices[choice.index].token_ids))
+                      if self.req.continuous_usage else None)
+            delta = choice.delta
+            if choice.logprobs is None and delta.tool_calls is None:     # the plain chunk, without pydantic
+                return self.encoder.chat(choice.index, delta.role, delta.content, delta.reasoning,
+                                         delta.reasoning_content, choice.finish_reason, choice.stop_reason, so_far)
+            if so_far is not None:
+                usage = UsageInfo(prompt_tokens=so_far[0], completion_tokens=so_far[1],
+                                  total_tokens=so_far[0] + so_far[1])
         return sse(ChatCompletionChunk(id=self.id, model=self.model,
                                        choices=[choice] if choice else [], usage=usage))
 

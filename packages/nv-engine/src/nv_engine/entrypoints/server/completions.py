@@ -32,6 +32,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
 from nv_engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
@@ -105,6 +106,7 @@ class _CompletionRun:
         self.num_cached_tokens = [0] * len(prompts)   # per prompt
         self.prompt_logprobs: list[list[dict | None] | None] = [None] * len(prompts)   # per prompt
         self.prompt_logprobs_sent: set[int] = set()   # streamed choices that carried them
+        self.encoder = StreamChunkEncoder(request_id, model)
 
     def _echo(self, choice: ChoiceState) -> str:
         text, ids = self.prompts[choice.index // self.req.n]
@@ -185,6 +187,11 @@ class _CompletionRun:
                     if index not in self.prompt_logprobs_sent:    # the first chunk carries them
                         prompt_logprobs = self._prompt_logprobs(c)
                         self.prompt_logprobs_sent.add(index)
+                    if self.req.logprobs is None and prompt_logprobs is None:    # the plain chunk, without pydantic
+                        usage = (len(self.prompts[index // self.req.n][1]), len(c.token_ids)) \
+                            if self.req.continuous_usage else None
+                        events.append(self.encoder.completion(index, delta, c.finish_reason, c.stop_reason, usage))
+                        continue
                     events.append(sse(CompletionChunk(id=self.id, model=self.model, choices=[CompletionChoice(
                         index=index, text=delta, logprobs=self._logprobs(c, start, end, offset),
                         finish_reason=c.finish_reason, stop_reason=c.stop_reason,
