@@ -6,7 +6,7 @@
     share one venv where torch is installed once; before each package is imported, everything outside
     that package's declared dependency closure is uninstalled, so each import sees only what the package
     declares, whatever ran before it.
-Slow-ish (pip, measured on a 2-core machine): about 20 s for (a), about 75 s for (b) in all.
+Slow-ish (pip, measured on a 2-core machine): about 20 s for (a), about 90 s for (b) in all.
 """
 from __future__ import annotations
 
