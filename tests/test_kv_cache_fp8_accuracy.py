@@ -41,7 +41,7 @@ import pytest
 
 pytest.importorskip("gguf")
 from nv_engine import LLM, SamplingParams  # noqa: E402
-from nv_engine.checkpoints.gguf import convert_gguf, default_gguf_path  # noqa: E402
+from nv_engine.checkpoints.gguf import default_gguf_path  # noqa: E402
 
 try:
     SMOLLM2_GGUF = default_gguf_path()
@@ -66,11 +66,6 @@ DOC_MODULES = ["inspect", "collections", "email.message", "json", "argparse", "p
 PPL_TOKENS = 20_000
 PPL_CHUNK = 1_500
 PPL_TOLERANCE = 0.01
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return convert_gguf(SMOLLM2_GGUF, cache_root=tmp_path_factory.mktemp("xdg_cache") / "nv" / "gguf")
 
 
 def _chat_greedy(model_dir: Path, **kwargs) -> list[list[int]]:
