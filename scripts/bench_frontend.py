@@ -12,6 +12,10 @@ stream=False (their text is decoded once, at the end). With NV_LOGGING_LEVEL=DEB
 process logs its own loop's split (step / device wait / outputs / inputs / idle).
 
     python scripts/bench_frontend.py [--requests 256] [--max-tokens 128] [--non-streamed] [--fake-core]
+
+With --serve PORT it runs `nv serve` (the real HTTP server and AsyncLLM) over the stand-in core instead, stepping
+every --step-ms milliseconds, for a client such as `nv bench serve --port PORT`: the server's own CPU per
+streamed token (read it from /proc/PID/stat around a run).
 """
 from __future__ import annotations
 
@@ -77,10 +81,14 @@ class FakeCoreClient:
         del engine_index
         self.timer.add("deliver", seconds)
 
+    step_s = 0.0    # --serve: the stand-in's step time
+
     def loop(self) -> None:
         clock = time.perf_counter
         while self.is_alive:
             self.wake.wait(0.1)
+            if self.step_s:
+                time.sleep(self.step_s)
             with self.lock:
                 updates = []
                 for request_id, entry in list(self.requests.items()):
@@ -139,7 +147,18 @@ def main() -> None:
     parser.add_argument("--non-streamed", action="store_true", help="add requests with stream=False")
     parser.add_argument("--rounds", type=int, default=2, help="the first round warms up")
     parser.add_argument("--fake-core", action="store_true", help="an in-process stand-in for the core")
+    parser.add_argument("--serve", type=int, metavar="PORT", help="run nv serve over the stand-in core on PORT")
+    parser.add_argument("--step-ms", type=float, default=5.0, help="--serve: the stand-in core's step time")
     args = parser.parse_args()
+    if args.serve is not None:
+        from nv_engine.entrypoints.server.cli import main as serve_main
+
+        FakeCoreClient.step_s = args.step_ms / 1e3
+        nv_engine.async_llm.EngineCoreClient = FakeCoreClient    # type: ignore[misc,assignment]
+        model = args.model or str(cached_random_model("tiny")[0])
+        raise SystemExit(serve_main([model, "--port", str(args.serve), "--device", "cpu", "--dtype", "float32",
+                                     "--max-model-len", "4096", "--block-size", "16",
+                                     "--num-gpu-blocks-override", "100000", "--max-num-seqs", "1024"]))
     if args.fake_core:
         nv_engine.async_llm.EngineCoreClient = FakeCoreClient    # type: ignore[misc,assignment]
     model = args.model or str(cached_random_model("tiny")[0])
