@@ -4,17 +4,15 @@ numbers are H200 measurements (scripts/bench_decode_attention.py).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from nv_kernels.sm_count import cuda_sm_count
 
-@functools.lru_cache(maxsize=8)
+
 def num_sms(device: torch.device) -> int:
     """The device's SM count (4 off CUDA: the interpreter's tests get several splits)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    count = cuda_sm_count(device)
+    return 4 if count is None else count
 
 
 # Tunables (set by scripts/bench_decode_attention.py measurements on the H200, 2026-11-29: batch 256 x

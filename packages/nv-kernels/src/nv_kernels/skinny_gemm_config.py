@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from nv_kernels.fused_dispatch import next_power_of_2
+from nv_kernels.sm_count import cuda_sm_count
 
 DEFAULT_NUM_SMS = 132                          # H100 / H200; the heuristic's target off CUDA (interpreter)
 
@@ -91,13 +92,6 @@ TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig | None] = {
 }
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_NUM_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def m_bucket(m: int) -> int:
     """The M bucket of m rows (the next power of two): the rows a tuned configuration is measured for."""
     return next_power_of_2(max(m, 1))
@@ -127,5 +121,5 @@ def choose_config(weight_rows: int, k: int, m: int, gated: bool, device: torch.d
     tuned = TUNED_CONFIGS.get((weight_rows, k, m_bucket(m), gated))
     if tuned is not None:          # None (torch measured faster) only reaches here through a direct call
         return tuned
-    num_sms = _num_sms(device) if device is not None else DEFAULT_NUM_SMS
+    num_sms = (cuda_sm_count(device) if device is not None else None) or DEFAULT_NUM_SMS
     return heuristic_config(weight_rows, k, m, gated, num_sms)

@@ -133,13 +133,17 @@ class _CompletionRun:
                          total_tokens=prompt + completion,
                          prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(self.num_cached_tokens)))
 
-    def _choice_usage(self, c: ChoiceState) -> UsageInfo | None:
-        """stream_options.continuous_usage_stats: the choice's prompt and its tokens so far (as vLLM)."""
+    def _choice_counts(self, c: ChoiceState) -> tuple[int, int] | None:
+        """stream_options.continuous_usage_stats: (the choice's prompt tokens, its tokens so far), as vLLM."""
         if not self.req.continuous_usage:
             return None
-        prompt = len(self.prompts[c.index // self.req.n][1])
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=len(c.token_ids),
-                         total_tokens=prompt + len(c.token_ids))
+        return len(self.prompts[c.index // self.req.n][1]), len(c.token_ids)
+
+    def _choice_usage(self, c: ChoiceState) -> UsageInfo | None:
+        counts = self._choice_counts(c)
+        if counts is None:
+            return None
+        return UsageInfo(prompt_tokens=counts[0], completion_tokens=counts[1], total_tokens=sum(counts))
 
     def _logprobs(self, c: ChoiceState, start: int, end: int, offset: int) -> Any:
         if self.req.logprobs is None:
@@ -188,9 +192,8 @@ class _CompletionRun:
                         prompt_logprobs = self._prompt_logprobs(c)
                         self.prompt_logprobs_sent.add(index)
                     if self.req.logprobs is None and prompt_logprobs is None:    # the plain chunk, without pydantic
-                        usage = (len(self.prompts[index // self.req.n][1]), len(c.token_ids)) \
-                            if self.req.continuous_usage else None
-                        events.append(self.encoder.completion(index, delta, c.finish_reason, c.stop_reason, usage))
+                        events.append(self.encoder.completion(index, delta, c.finish_reason, c.stop_reason,
+                                                              self._choice_counts(c)))
                         continue
                     events.append(sse(CompletionChunk(id=self.id, model=self.model, choices=[CompletionChoice(
                         index=index, text=delta, logprobs=self._logprobs(c, start, end, offset),
