@@ -14,7 +14,8 @@ SCRIPT = textwrap.dedent('''
     def preloaded(queue):
         # in the core's process, before anything of the target ran: what the forkserver imported
         queue.put(sorted(m for m in ("torch", "nv_engine.engine_core_process", "nv_engine.runner.model_runner",
-                                     "nv_qwen3", "transformers.models.auto.configuration_auto")
+                                     "nv_qwen3", "transformers.models.auto.configuration_auto",
+                                     "transformers.models.qwen3.configuration_qwen3")
                          if m in sys.modules))
 
     if __name__ == "__main__":
@@ -44,7 +45,7 @@ def test_cores_fork_from_a_server_that_imported_their_modules(tmp_path):
     # building the core imports (model runner, models) and what unpickling its HF config needs (transformers' index)
     assert lines == ["started True forkserver False",
                      "child nv_engine.engine_core_process nv_engine.runner.model_runner nv_qwen3 torch "
-                     "transformers.models.auto.configuration_auto", "exit 0"]
+                     "transformers.models.auto.configuration_auto transformers.models.qwen3.configuration_qwen3", "exit 0"]
 
 
 def test_switched_off_cores_are_spawned(tmp_path):

@@ -1,6 +1,6 @@
 """Architecture name (config.json `architectures[0]`) -> model class.
 
-A built-in table (needed because the GPU machine runs from PYTHONPATH without installed metadata)
+A built-in table (needed where the packages run from source on PYTHONPATH, without installed metadata)
 plus the entry-point group `nv_engine.models`, whose entries are named by architecture and load the
 class, for third-party model packages."""
 from __future__ import annotations
