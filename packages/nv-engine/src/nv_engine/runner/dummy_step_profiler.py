@@ -10,7 +10,8 @@ the arithmetic on the result).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -23,9 +24,12 @@ from nv_engine.runner.mixed_graphs import mixed_graph_sizes
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_kernels.interface import AttentionBackend
 from nv_kernels.kv_layout import allocate_kv_cache
+from nv_kernels.parallel_compile import ParallelTritonCompile
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.parallel_state import get_tp_size
 from nv_layers.sampler import Sampler
+
+logger = logging.getLogger(__name__)
 
 
 class CausalLM(Protocol):
@@ -61,10 +65,11 @@ class DummyStepProfiler:
     def profile(self) -> MemoryProfile:
         """CUDA: peak of a max-size prefill step + sampler, and the activations of a max-size decode."""
         device, config = self.device, self.config
+        num_rows = min(self.config.max_num_seqs, config.max_num_batched_tokens)
+        self._compile_ahead(num_rows)
         gc.collect()
         total, non_torch = cuda_memory_state(device)
         torch.cuda.reset_peak_memory_stats(device)
-        num_rows = min(self.config.max_num_seqs, config.max_num_batched_tokens)
         self.dummy_prefill(config.max_num_batched_tokens, num_rows)
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
@@ -78,6 +83,23 @@ class DummyStepProfiler:
         torch.cuda.empty_cache()
         return MemoryProfile(total=total, non_torch=non_torch, peak=peak, graph_reserve=reserve)
 
+    def _compile_ahead(self, num_rows: int) -> None:
+        """With an empty Triton cache: compile the kernels of the dummy steps below on a thread pool first (a
+        compile-only pass: nothing runs), instead of one after the other as they launch."""
+        config = self.config
+        passes: list[Callable[[], object]] = [
+            lambda: self.dummy_decode(1, logits=False),      # the probe: the cheapest forward
+            lambda: self.dummy_prefill(config.max_num_batched_tokens, num_rows, sample=False)]
+        if not config.enforce_eager:
+            passes.append(lambda: self.dummy_decode(config.max_num_seqs, logits=True))
+            mixed_sizes = mixed_graph_sizes(config.max_num_batched_tokens) if get_tp_size() == 1 else []
+            if mixed_sizes:
+                passes.append(lambda: self.dummy_decode(mixed_sizes[-1], logits=False))
+        report = ParallelTritonCompile.ahead(self.device, passes)
+        if report is not None:
+            logger.info("Triton kernels of the first steps: %d compiled ahead (%d new) in %.1f s%s", report.compiled,
+                        report.new_variants, report.seconds, " (cache warm: probe only)" * report.probe_only)
+
     def _activation_bytes(self, num_rows: int, logits: bool) -> int:
         """Memory a decode-shaped dummy step of num_rows rows allocates (CUDA)."""
         device = self.device
@@ -88,9 +110,9 @@ class DummyStepProfiler:
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
 
-    def dummy_prefill(self, num_tokens: int, num_rows: int) -> None:
+    def dummy_prefill(self, num_tokens: int, num_rows: int, sample: bool = True) -> None:
         """A prefill of num_tokens tokens (sequences of up to max_model_len) without a KV cache,
-        then logits and a worst-case sampler for num_rows rows."""
+        then logits and (sample=True) a worst-case sampler for num_rows rows."""
         seq_len = min(num_tokens, self.config.max_model_len)
         lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
         positions = np.concatenate([np.arange(n) for n in lens])
@@ -116,6 +138,8 @@ class DummyStepProfiler:
             for layer, (k_cache, v_cache) in zip(self.attention_layers, caches, strict=True):
                 layer.k_cache, layer.v_cache = k_cache, v_cache
         del hidden
+        if not sample:
+            return
         # every rank samples (launch)
         self.sampler(logits, self.sampling_tensors.worst_case(num_rows, logits.shape[1]))
 

@@ -40,6 +40,7 @@ from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, SamplingBa
 from nv_kernels import get_backend
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.kv_quant import is_fp8
+from nv_kernels.parallel_compile import ParallelTritonCompile
 from nv_layers.attention import Attention
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.loader import build_model
@@ -199,14 +200,36 @@ class ModelRunner:
         max_bs = min(self.max_batch, self.config.max_num_batched_tokens)
         hidden_size = self.config.hf_config.hidden_size
         self.graphs = DecodeGraphs(max_bs, hidden_size, self.config.dtype, self.device, emulate=emulate)
-        self.graphs.capture(*self._on_staged_inputs(lambda bs: self.stager.stage_decode(bs, None, dummy=True)))
+        stage_decode: Callable[[int], StagedStep] = lambda bs: self.stager.stage_decode(bs, None, dummy=True)  # noqa: E731
         sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if get_tp_size() == 1 else []
         if not sizes or (self.config.enforce_eager and not emulate_mixed):
+            sizes = []
+        if not emulate:
+            self._compile_ahead([(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)])
+        self.graphs.capture(*self._on_staged_inputs(stage_decode))
+        if not sizes:
             return
         layer = cast(Attention, self.attention_layers[0])
         self.mixed_graphs = MixedStepGraphs(sizes, layer.num_heads * layer.head_dim, hidden_size, self.config.dtype,
                                             self.device, pool=self.graphs.pool, emulate=emulate_mixed)
         self.mixed_graphs.capture(*self._on_staged_inputs(self.stager.stage_dummy_mixed))
+
+    def _compile_ahead(self, passes: list[tuple[Callable[[int], StagedStep], list[int]]]) -> None:
+        """With an empty Triton cache: compile the kernels the graph captures will meet on a thread pool first, a
+        compile-only forward per (stage, size) (ParallelTritonCompile.ahead), instead of one after the other as the
+        captures' eager warm-up runs launch them."""
+        def forward(stage: Callable[[int], StagedStep], size: int) -> Callable[[], object]:
+            def run() -> None:
+                prepare, run_model = self._on_staged_inputs(stage)
+                with forward_context(prepare(size)):
+                    run_model(size)
+            return run
+
+        report = ParallelTritonCompile.ahead(
+            self.device, [forward(stage, size) for stage, sizes in passes for size in reversed(sizes)])
+        if report is not None:
+            logger.info("Triton kernels of the CUDA graphs: %d compiled ahead (%d new) in %.1f s%s", report.compiled,
+                        report.new_variants, report.seconds, " (cache warm: probe only)" * report.probe_only)
 
     def _on_staged_inputs(self, stage: Callable[[int], StagedStep]) -> tuple[
             Callable[[int], ForwardContext], Callable[[int], torch.Tensor]]:
