@@ -108,3 +108,17 @@ def test_ahead_probes_with_one_pass_and_skips_the_rest_on_a_warm_cache(_, tmp_pa
     # a new process over the warm cache: the first pass is the probe, finds its kernel on disk, the rest is skipped;
     # the second call skips the pass already in memory and probes with the next one
     assert fresh_process() == "[0, 0, 1] 1 0 True 1 0 True"
+
+
+@pytest.mark.parametrize("_", [pytest.param(0, marks=gpu)])
+def test_a_pass_that_raises_is_logged_and_launches_run_again(_, caplog):
+    def garbage_index() -> None:
+        raise IndexError("a computed index")
+
+    assert ParallelTritonCompile.ahead(torch.device("cuda"), [garbage_index]) is None
+    assert "compiling Triton kernels ahead failed (IndexError: a computed index)" in caplog.text
+    x = torch.arange(1000, device="cuda", dtype=torch.float32)
+    outs = [torch.full_like(x, -1.0)]
+    _launch_all(x, outs, random.randrange(1 << 30))            # the launch path is Triton's own again
+    torch.cuda.synchronize()
+    torch.testing.assert_close(outs[0], x + 1)

@@ -26,6 +26,7 @@ this process has not compiled yet.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ from typing import Any, NamedTuple
 import torch
 
 from nv_kernels.jit_watch import TritonCompileWatch
+
+logger = logging.getLogger(__name__)
 
 
 class CompileAheadReport(NamedTuple):
@@ -64,8 +67,20 @@ class ParallelTritonCompile:
         """Run `passes` (callables that launch kernels) compile-only. They run one at a time until one hands a
         compile to the pool (the others found their kernels in this process's memory): that one is the probe. If
         the probe compiled no variant the disk cache lacked, the cache is warm and the rest is skipped; else the
-        rest runs in one block. None where a pass cannot run (nothing ran)."""
+        rest runs in one block. None where a pass cannot run (nothing ran) or a pass raised (logged).
+        One process's decision: ranks whose passes hold collectives (tensor parallelism) must not call this, as
+        one rank could skip passes another runs."""
         start = time.perf_counter()
+        try:
+            return cls._ahead(device, passes, start)
+        except Exception as exc:   # a speed-up only: the real launches compile whatever is missing, one at a time
+            logger.warning("compiling Triton kernels ahead failed (%s: %s); they compile as they launch",
+                           type(exc).__name__, exc)
+            return None
+
+    @classmethod
+    def _ahead(cls, device: torch.device, passes: Sequence[Callable[[], object]],
+               start: float) -> CompileAheadReport | None:
         compiled = 0
         for at, compile_pass in enumerate(passes):
             with TritonCompileWatch() as watch, cls(device) as probe:

@@ -85,8 +85,11 @@ class DummyStepProfiler:
 
     def _compile_ahead(self, num_rows: int) -> None:
         """With an empty Triton cache: compile the kernels of the dummy steps below on a thread pool first (a
-        compile-only pass: nothing runs), instead of one after the other as they launch."""
+        compile-only pass: nothing runs), instead of one after the other as they launch. One rank only: the ranks
+        of a tensor-parallel group could decide differently and meet different collectives."""
         config = self.config
+        if get_tp_size() > 1:
+            return
         passes: list[Callable[[], object]] = [
             lambda: self.dummy_decode(1, logits=False),      # the probe: the cheapest forward
             lambda: self.dummy_prefill(config.max_num_batched_tokens, num_rows, sample=False)]

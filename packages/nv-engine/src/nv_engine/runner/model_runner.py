@@ -204,7 +204,7 @@ class ModelRunner:
         sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if get_tp_size() == 1 else []
         if not sizes or (self.config.enforce_eager and not emulate_mixed):
             sizes = []
-        if not emulate:
+        if not emulate and get_tp_size() == 1:     # a rank alone decides what to compile ahead (no collectives)
             self._compile_ahead([(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)])
         self.graphs.capture(*self._on_staged_inputs(stage_decode))
         if not sizes:
