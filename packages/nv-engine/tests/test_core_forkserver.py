@@ -42,10 +42,12 @@ def _run(tmp_path, **env: str) -> list[str]:
 def test_cores_fork_from_a_server_that_imported_their_modules(tmp_path):
     lines = _run(tmp_path)
     # the frontend itself has not imported torch yet; the forked process finds it loaded, with the core's module, what
-    # building the core imports (model runner, models) and what unpickling its HF config needs (transformers' index)
+    # building the core imports (model runner, models) and what unpickling its HF config needs (transformers' index
+    # and the config class's module)
     assert lines == ["started True forkserver False",
                      "child nv_engine.engine_core_process nv_engine.runner.model_runner nv_qwen3 torch "
-                     "transformers.models.auto.configuration_auto transformers.models.qwen3.configuration_qwen3", "exit 0"]
+                     "transformers.models.auto.configuration_auto transformers.models.qwen3.configuration_qwen3",
+                     "exit 0"]
 
 
 def test_switched_off_cores_are_spawned(tmp_path):
