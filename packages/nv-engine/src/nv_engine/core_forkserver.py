@@ -25,11 +25,7 @@ import os
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
-from nv_engine.checkpoints.registry import builtin_model_modules
-
-# the transformers config modules of the built-in architectures (a module a transformers version lacks is skipped:
-# the forkserver ignores a preload's ImportError)
-HF_CONFIG_MODULES = [f"transformers.models.{name}.configuration_{name}" for name in ("qwen3", "qwen2", "llama")]
+from nv_engine.checkpoints.registry import builtin_hf_config_modules, builtin_model_modules
 
 PRELOAD = [
     "nv_engine.engine_core_process",    # the spawn target's module: torch, nv's kernels, zmq
@@ -39,7 +35,7 @@ PRELOAD = [
     # ... and the class's own module. Defining a config class runs transformers' docstring decorator, which imports
     # the modeling index (generation utils, torch.distributed.tensor, sympy): 4-6 s of a core, paid once here.
     "transformers.models.auto.modeling_auto",
-    *HF_CONFIG_MODULES,
+    *builtin_hf_config_modules(),     # a module a transformers version lacks is skipped (the preload's ImportError)
     # building the core: the executor, the model runner (layers, CUDA graphs), CUDA's default attention backend
     "nv_engine.executor",
     "nv_engine.runner.model_runner",

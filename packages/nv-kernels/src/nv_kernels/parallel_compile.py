@@ -63,41 +63,51 @@ class ParallelTritonCompile:
         self._run: Any = None
 
     @classmethod
-    def ahead(cls, device: torch.device, passes: Sequence[Callable[[], object]]) -> CompileAheadReport | None:
+    def ahead(cls, device: torch.device, passes: Sequence[Callable[[], object]],
+              what: str = "these passes") -> CompileAheadReport | None:
         """Run `passes` (callables that launch kernels) compile-only. They run one at a time until one hands a
         compile to the pool (the others found their kernels in this process's memory): that one is the probe. If
         the probe compiled no variant the disk cache lacked, the cache is warm and the rest is skipped; else the
-        rest runs in one block. None where a pass cannot run (nothing ran) or a pass raised (logged).
+        rest runs in one block. Logs the outcome at INFO (`what`: whose kernels). None where a pass cannot run
+        (nothing ran) or a pass raised (logged).
         One process's decision: ranks whose passes hold collectives (tensor parallelism) must not call this, as
         one rank could skip passes another runs."""
         start = time.perf_counter()
         try:
-            return cls._ahead(device, passes, start)
+            report = cls._ahead(device, passes, start)
         except Exception as exc:   # a speed-up only: the real launches compile whatever is missing, one at a time
             logger.warning("compiling Triton kernels ahead failed (%s: %s); they compile as they launch",
                            type(exc).__name__, exc)
             return None
+        if report is not None:
+            logger.info("Triton kernels of %s: %d compiled ahead (%d new) in %.1f s%s", what, report.compiled,
+                        report.new_variants, report.seconds, " (cache warm: probe only)" * report.probe_only)
+        return report
 
     @classmethod
     def _ahead(cls, device: torch.device, passes: Sequence[Callable[[], object]],
                start: float) -> CompileAheadReport | None:
-        compiled = 0
-        for at, compile_pass in enumerate(passes):
-            with TritonCompileWatch() as watch, cls(device) as probe:
-                if not probe.active:
-                    return None
-                compile_pass()
-            compiled += probe.requested
-            if probe.requested == 0:
-                continue
-            if not watch.variants:
-                return CompileAheadReport(compiled, 0, time.perf_counter() - start, probe_only=True)
-            with TritonCompileWatch() as rest_watch, cls(device) as rest:
-                for later in passes[at + 1:]:
-                    later()
-            return CompileAheadReport(compiled + rest.requested, len(watch.variants) + len(rest_watch.variants),
-                                      time.perf_counter() - start, probe_only=False)
-        return CompileAheadReport(compiled, 0, time.perf_counter() - start, probe_only=False)
+        probed, after_probe = 0, passes[:0]
+        # one watch over the passes up to the probe: those before it compiled nothing, so wrote nothing to disk
+        with TritonCompileWatch() as watch:
+            for at, compile_pass in enumerate(passes, 1):
+                with cls(device) as probe:
+                    if not probe.active:
+                        return None
+                    compile_pass()
+                probed = probe.requested
+                if probed:
+                    after_probe = passes[at:]
+                    break
+        if not probed:
+            return CompileAheadReport(0, 0, time.perf_counter() - start, probe_only=False)
+        if not watch.variants:
+            return CompileAheadReport(probed, 0, time.perf_counter() - start, probe_only=True)
+        with TritonCompileWatch() as rest_watch, cls(device) as rest:
+            for later in after_probe:
+                later()
+        return CompileAheadReport(probed + rest.requested, len(watch.variants) + len(rest_watch.variants),
+                                  time.perf_counter() - start, probe_only=False)
 
     def _supported(self) -> bool:
         if self.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or not _switched_on():

@@ -30,6 +30,13 @@ def builtin_model_modules() -> list[str]:
     return sorted({target.partition(":")[0] for target in _BUILTIN.values()})
 
 
+def builtin_hf_config_modules() -> list[str]:
+    """The transformers modules of the built-in architectures' config classes (`Qwen3ForCausalLM` ->
+    transformers.models.qwen3.configuration_qwen3), which unpickling such a model's config imports."""
+    types = sorted({arch.removesuffix("ForCausalLM").lower() for arch in _BUILTIN})
+    return [f"transformers.models.{name}.configuration_{name}" for name in types]
+
+
 def _entry_point_table() -> dict[str, Any]:
     try:
         return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}

@@ -10,7 +10,6 @@ the arithmetic on the result).
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -28,8 +27,6 @@ from nv_kernels.parallel_compile import ParallelTritonCompile
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.parallel_state import get_tp_size
 from nv_layers.sampler import Sampler
-
-logger = logging.getLogger(__name__)
 
 
 class CausalLM(Protocol):
@@ -98,10 +95,7 @@ class DummyStepProfiler:
             mixed_sizes = mixed_graph_sizes(config.max_num_batched_tokens) if get_tp_size() == 1 else []
             if mixed_sizes:
                 passes.append(lambda: self.dummy_decode(mixed_sizes[-1], logits=False))
-        report = ParallelTritonCompile.ahead(self.device, passes)
-        if report is not None:
-            logger.info("Triton kernels of the first steps: %d compiled ahead (%d new) in %.1f s%s", report.compiled,
-                        report.new_variants, report.seconds, " (cache warm: probe only)" * report.probe_only)
+        ParallelTritonCompile.ahead(self.device, passes, "the first steps")
 
     def _activation_bytes(self, num_rows: int, logits: bool) -> int:
         """Memory a decode-shaped dummy step of num_rows rows allocates (CUDA)."""

@@ -225,11 +225,9 @@ class ModelRunner:
                     run_model(size)
             return run
 
-        report = ParallelTritonCompile.ahead(
-            self.device, [forward(stage, size) for stage, sizes in passes for size in reversed(sizes)])
-        if report is not None:
-            logger.info("Triton kernels of the CUDA graphs: %d compiled ahead (%d new) in %.1f s%s", report.compiled,
-                        report.new_variants, report.seconds, " (cache warm: probe only)" * report.probe_only)
+        ParallelTritonCompile.ahead(
+            self.device, [forward(stage, size) for stage, sizes in passes for size in reversed(sizes)],
+            "the CUDA graphs")
 
     def _on_staged_inputs(self, stage: Callable[[int], StagedStep]) -> tuple[
             Callable[[int], ForwardContext], Callable[[int], torch.Tensor]]:
