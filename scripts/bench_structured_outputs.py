@@ -14,7 +14,8 @@ schema. Grammar steps keep async scheduling (the bitmask of step N+1 fills on th
 forward runs; its sampling follows), so the gap between the two rates is what the grammar adds to a
 step's critical path. --profile adds where each step's host time goes (StepProfile):
 
-    launch      the step's inputs built and the forward launched (plain steps: the sampler too)
+    build       the step's inputs built on the host (EngineCore._prepare)
+    launch      the step handed to the runner: the forward launched (plain steps: the sampler too)
     wait ids    waiting for the previous step's sampled ids (the device's time beyond the host's)
     accept      the grammars advanced by those ids
     fill        the next step's bitmask filled (in a worker: handed to it)
@@ -27,9 +28,10 @@ step's critical path. --profile adds where each step's host time goes (StepProfi
     loop        the rest of a run's wall time per step (the requests' chat templates and adds, LLM's loop)
 
 --sync adds both runs with async scheduling off (every step synchronous, the bitmask filled before
-the step), the cost of not overlapping. The bitmask fills in the engine's thread once the forward was
-launched (the engine's default); --fill worker fills it in a worker thread, so the engine's own work
-(the report, the frontend, the next schedule) overlaps it too. --fill-threads sets the threads of each
+the step), the cost of not overlapping. --fill inline fills the bitmask in the engine's thread once the forward
+was launched; --fill worker fills it in a worker thread, so the engine's own work (the report, the
+frontend, the next step's schedule and inputs) overlaps it too; the default is the engine's (a worker
+from structured_output.manager.WORKER_FILL_MIN_CORES cores). --fill-threads sets the threads of each
 batched fill (the default: by the rows and the cores, structured_output.manager.fill_threads_for). A
 warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info, the schemas' grammars).
 
@@ -97,9 +99,9 @@ def requests(count: int) -> list[tuple[list[dict], dict]]:
 
 
 # the parts of a step that StepProfile times, and those it derives (ms per step)
-TIMED = ("launch", "wait ids", "accept", "fill", "grammar sample", "sample", "sampling tensors", "sampler",
+TIMED = ("build", "launch", "wait ids", "accept", "fill", "grammar sample", "sample", "sampling tensors", "sampler",
          "schedule", "postprocess", "report", "core step", "engine step")
-CORE_PARTS = ("launch", "wait ids", "accept", "fill", "grammar sample", "schedule", "postprocess", "report")
+CORE_PARTS = ("build", "launch", "wait ids", "accept", "fill", "grammar sample", "schedule", "postprocess", "report")
 
 
 class StepProfile:
@@ -122,7 +124,8 @@ class StepProfile:
         if runner is None:
             raise ValueError("--profile needs the runner in this process (tensor_parallel_size 1)")
         for owner, name, stage in (
-                (core, "step", "core step"), (core, "_launch", "launch"), (core, "_collect", "wait ids"),
+                (core, "step", "core step"), (core, "_prepare", "build"), (core, "_enqueue", "launch"),
+                (core, "_collect", "wait ids"),
                 (core.requests, "report", "report"), (core.scheduler, "schedule", "schedule"),
                 (core.scheduler, "postprocess", "postprocess"), (core.scheduler, "resolve_placeholders", "postprocess"),
                 (core.grammar_sampling, "finish_by_grammar", "accept"), (core.grammar_sampling, "start_fill", "fill"),
@@ -185,6 +188,7 @@ def run(llm: LLM, profile: StepProfile, batch: list[tuple[list[dict], dict]], ma
     lengths = [len(o.outputs[0].token_ids) for o in outputs]
     tokens = sum(lengths)
     summary: dict = {"grammar": grammar, "async_scheduling": async_scheduling, "requests": len(batch),
+                     "fill_in_worker": core.structured_outputs.fill_in_worker,
                      "seconds": round(elapsed, 3), "output_tokens": tokens,
                      "output_tok_per_s": round(tokens / elapsed, 1), "mean_output_len": round(tokens / len(batch), 1),
                      "steps": steps, "ms_per_step": round(elapsed * 1e3 / max(steps, 1), 4),

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -260,6 +262,102 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     assert all(reason == "stop" for _, reason in overlapped[5:8])       # grammars end ignore_eos rows
 
 
+def test_a_worker_fill_overlaps_the_next_steps_host_work(llm, monkeypatch):
+    """With the fill in a worker thread, the core builds the next step's inputs while the fill runs
+    (the host work that needs no bitmask), and launches that step only after the filled bitmask
+    sampled the step before it (its input ids are that step's sampled ids)."""
+    core = llm.llm_engine.core
+    manager = core.structured_outputs
+    executor = core.live_executor()
+    events: list[tuple[str, float]] = []
+    fill, prepare, launch, sample = StructuredOutputManager._fill, core._prepare, executor.launch, executor.sample
+
+    def slow_fill(*args):
+        events.append(("fill start", time.perf_counter()))
+        time.sleep(0.005)       # in the worker: the engine's thread runs on meanwhile
+        try:
+            return fill(*args)
+        finally:
+            events.append(("fill end", time.perf_counter()))
+
+    def record(name, method):
+        def recorded(*args):
+            events.append((name, time.perf_counter()))
+            try:
+                return method(*args)
+            finally:
+                events.append((name + " end", time.perf_counter()))
+        return recorded
+
+    monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(slow_fill))
+    monkeypatch.setattr(core, "_prepare", record("prepare", prepare))
+    monkeypatch.setattr(executor, "launch", record("launch", launch))
+    monkeypatch.setattr(executor, "sample", record("sample", sample))
+    default = manager.fill_in_worker
+    manager.fill_in_worker = True
+    try:
+        outputs = llm.generate(PROMPTS[:3], [constrained(json=SCHEMAS[i]) for i in range(3)], use_tqdm=False)
+    finally:
+        manager.fill_in_worker = default
+    for i, output in enumerate(outputs):
+        jsonschema.validate(json.loads(finished_text(output), strict=False), SCHEMAS[i])
+    events.sort(key=lambda event: event[1])
+    names = [name for name, _ in events]
+    overlapped = 0
+    for i, name in enumerate(names):
+        if name == "fill start":
+            end = names.index("fill end", i)
+            overlapped += "prepare end" in names[i:end]   # the engine's thread built a step meanwhile
+            assert "launch" not in names[i:end] and "sample" not in names[i:end]   # sampling waits for the fill
+            assert names[end + 1:].index("sample") < (names[end + 1:] + ["launch"]).index("launch")
+    assert overlapped >= 5
+
+
+def test_a_worker_fill_ends_while_the_engine_thread_runs_python(llm, monkeypatch):
+    """A fill in the worker ends in about its own time while the engine's thread runs Python: the
+    worker takes the GIL at its start and after xgrammar's fill within the short switch interval,
+    not the default 5 ms each time. The process's switch interval is back once the fill returned."""
+    from nv_engine.structured_output import manager as manager_module
+
+    core = llm.llm_engine.core
+    tokenizer = llm.get_tokenizer()
+    manager = StructuredOutputManager(lambda: tokenizer, core.vocab_size, sorted(core.eos_token_ids))
+    manager.fill_in_worker = True
+    seqs = []
+    for row in range(4):
+        params = constrained(json=SCHEMAS[row])
+        seq = EngineSequence([1, 2, 3], params.stop_rules(core.eos_token_ids, max_model_len=512, prompt_len=3),
+                             request_id=f"busy-{row}", index=0, params=params, seed=row, reports_each_token=False)
+        manager.hold(seq)
+        seqs.append(seq)
+    while manager.num_held:
+        manager.release(wait=True)
+    expected = manager.fill_bitmask(seqs)
+    assert expected is not None
+    expected = expected.copy()
+
+    def fill_seconds_beside_python() -> float:
+        """Seconds from the fill's start until this thread, never blocking, sees it done (best of 5)."""
+        best = float("inf")
+        for _ in range(5):
+            before = sys.getswitchinterval()
+            start = time.perf_counter()
+            future = manager.fill_bitmask_async(seqs)
+            while not future.done() and time.perf_counter() - start < 0.2:
+                pass
+            best = min(best, time.perf_counter() - start)
+            np.testing.assert_array_equal(future.result(), expected)
+            assert sys.getswitchinterval() == before
+        return best
+
+    try:
+        assert fill_seconds_beside_python() < 0.003
+        monkeypatch.setattr(manager_module, "FILL_SWITCH_INTERVAL_S", 0.005)   # the default interval
+        assert fill_seconds_beside_python() > 0.004              # waits (at least once) for the GIL
+    finally:
+        manager.shutdown()
+
+
 def test_switching_async_scheduling_off_with_a_grammar_step_in_flight(llm):
     """A grammar run ends with a step in flight (launched before the ids that end the grammars came
     back). Switching async scheduling off then (between runs) collects that step first: the next
@@ -360,6 +458,14 @@ def test_fill_threads_follow_the_rows_and_the_cores():
     assert [fill_threads_for(rows, 16) for rows in (1, 64, 128, 129, 256, 4096)] == [1, 1, 1, 2, 2, 8]
     assert [fill_threads_for(1024, cores) for cores in (1, 3, 4, 6, 64)] == [1, 1, 2, 3, 8]
     assert fill_threads_for(0, 16) == 1
+
+
+def test_the_fill_runs_in_a_worker_thread_from_four_cores(monkeypatch):
+    from nv_engine.structured_output import manager as manager_module
+
+    for cores, in_worker in ((1, False), (2, False), (4, True), (16, True)):
+        monkeypatch.setattr(manager_module, "usable_cores", lambda cores=cores: cores)
+        assert StructuredOutputManager(lambda: None, 64, [0]).fill_in_worker is in_worker
 
 
 def test_manager_bitmask_buffers_pinned_only_when_asked(llm):

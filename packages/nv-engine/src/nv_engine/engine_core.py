@@ -24,7 +24,11 @@ Structured outputs: a StructuredOutputManager holds such a request until its gra
 worker thread), fills each step's token bitmask and advances the grammars with the sampled tokens;
 the core's calls into it (and GrammarSampling) are the lines marked "structured outputs". They keep
 async scheduling: step N+1's forward is launched before step N's ids are back, its sampling waits
-for the bitmask filled after them, while the core reports step N (GrammarSampling's docstring).
+for the bitmask filled after them (GrammarSampling's docstring). Between the fill's start and that
+sampling the core reports step N, and the next `_step` postprocesses step N+1 with placeholders,
+schedules step N+2 and builds its inputs (`_prepare`): host work that needs no bitmask, which a fill
+in a worker thread runs alongside. Step N+2 is handed to the runner (`_enqueue`) after step N+1 is
+sampled: its input ids are step N+1's sampled ids.
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
@@ -47,7 +51,7 @@ from nv_engine.engine_sequence import EngineSequence
 from nv_engine.prompt_logprobs_recording import record_prompt_logprobs
 from nv_engine.request_table import RequestTable
 from nv_engine.sampling_batch import SamplingBatchBuilder
-from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepResult
+from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepInput, StepResult
 from nv_engine.step_builder import StepBuilder
 from nv_engine.structured_output.compiler import HFTokenizer
 from nv_engine.structured_output.grammar_sampling import GrammarSampling
@@ -220,7 +224,6 @@ class EngineCore:
                 return failed
             self._open_steps = [out]
             launched = self._launch(out, None)
-        self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
         self.last_step_tokens = launched.tokens
         out = launched.out
         # overlap only while async scheduling is on: a step launched before it was switched off is
@@ -229,13 +232,21 @@ class EngineCore:
             for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
             following = scheduler.schedule()
+            prepared = None
             if not following.is_empty:
                 self._open_steps.append(following)
-                self._inflight = self._launch(following, launched)
+                prepared = self._prepare(following, launched)
+            # structured outputs: the launched step samples once its bitmask is filled; the host work
+            # above needs no bitmask, so a fill in a worker thread ran alongside it. The next forward
+            # is enqueued after: its input ids are this step's sampled ids.
+            self.grammar_sampling.sample(self.live_executor())
+            if prepared is not None:
+                self._inflight = self._enqueue(*prepared)
             result = self._collect()
             for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
                 self.step_builder.release(seq.seq_id)
         else:
+            self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
             result = launched.result if launched.result is not None else self._collect()
             for seq in scheduler.postprocess(out, result.token_ids):
                 self.step_builder.release(seq.seq_id)
@@ -264,6 +275,10 @@ class EngineCore:
 
     def _launch(self, out: SchedulerOutput, previous: _Launched | None) -> _Launched:
         """Build the step's inputs and hand it to the runner (launch only, when async)."""
+        return self._enqueue(*self._prepare(out, previous))
+
+    def _prepare(self, out: SchedulerOutput, previous: _Launched | None) -> tuple[_Launched, StepInput]:
+        """The step's inputs, built on the host: nothing is handed to the runner yet (`_enqueue`)."""
         sampling = out.sampling
         batch = None
         defer_sampling = False
@@ -295,12 +310,17 @@ class EngineCore:
                              step_input.prompt_logprobs)
         if self.record_timestamps and not out.is_pure_decode:
             self.requests.note_first_scheduled(out)
+        return launched, step_input
+
+    def _enqueue(self, launched: _Launched, step_input: StepInput) -> _Launched:
+        """Hand a prepared step to the runner: launch only when async (its sampling waits for
+        GrammarSampling.sample with defer_sampling), else run it."""
         executor = self.live_executor()
         if self.async_scheduling:
             executor.launch(step_input)
             self._num_uncollected += 1
-            if defer_sampling:
-                self.grammar_sampling.launched_unsampled([s.seq for s in sampling])  # type: ignore[misc]
+            if step_input.defer_sampling:
+                self.grammar_sampling.launched_unsampled([s.seq for s in launched.out.sampling])  # type: ignore[misc]
         else:
             launched.result = executor.execute(step_input)
             if launched.result is None:

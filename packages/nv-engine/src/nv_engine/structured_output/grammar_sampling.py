@@ -6,9 +6,10 @@ A synchronous step gets its bitmask before it is launched (`bitmask_now`). With 
 step with grammar rows is launched with defer_sampling (the forward only) and waits here; after
 the previous step's ids were accepted (`finish_by_grammar`), `start_fill` fills its bitmask (in the
 engine's thread, or in a worker thread with StructuredOutputManager.fill_in_worker) while the device
-runs the forward; `sample` then hands the bitmask to the executor (ModelRunner.sample on every
-rank). At most one launched step waits: the core samples step N before it launches step N+1, whose
-input ids are step N's sampled ids.
+runs the forward and the core does the host work that needs no bitmask (it reports the previous step
+and builds the next one's inputs); `sample` then hands the bitmask to the executor
+(ModelRunner.sample on every rank). At most one launched step waits: the core samples step N before
+it launches step N+1, whose input ids are step N's sampled ids.
 """
 from __future__ import annotations
 

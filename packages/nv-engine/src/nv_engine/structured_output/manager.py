@@ -16,8 +16,10 @@ The engine core calls, per request and per step:
 5. `remove_request(request_id)` when a request finishes or is aborted.
 A row's bitmask needs the row's previous token: with async scheduling the engine launches the
 forward of step N+1 first, then accepts step N's tokens and fills step N+1's bitmask while the
-device runs it, and samples step N+1 after (ModelRunner.sample). Preemption keeps a sequence's
-output, and so its matcher's state.
+device runs it, and samples step N+1 after (ModelRunner.sample). From WORKER_FILL_MIN_CORES cores
+the fill runs in a worker thread, beside the engine thread's own host work up to that sampling (the
+report of step N, the schedule and inputs of step N+2), with a short GIL switch interval while it
+runs (FILL_SWITCH_INTERVAL_S). Preemption keeps a sequence's output, and so its matcher's state.
 
 Fills go through xgrammar.BatchGrammarMatcher: one call per step (rows in parallel threads, see
 fill_threads_for), into one of two preallocated buffers (alternating, so the engine may fill step
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -58,6 +60,15 @@ RELEASE_WAIT_SECONDS = 0.05
 # against 0.31-0.35 ms on one (16 cores), so threads pay only for large batches.
 ROWS_PER_FILL_THREAD = 128
 MAX_FILL_THREADS = 8
+# Cores from which fill_bitmask_async fills in a worker thread by default (StructuredOutputManager.fill_in_worker).
+WORKER_FILL_MIN_CORES = 4
+# The GIL switch interval (seconds) while a worker fills, at most. A thread waiting for the GIL gets it
+# when the holder blocks, or else only after the switch interval (5 ms by default): a worker starting
+# its fill, or returning from xgrammar's fill (which runs without the GIL), beside an engine thread
+# that runs Python waited up to 5 ms each time. Measured on a 2-core CPU, 64 JSON-schema rows: a 1.5 ms
+# fill took 7.3 ms beside a thread running Python at the default, 1.1 ms at 0.1 ms (that thread kept
+# 92% of its speed).
+FILL_SWITCH_INTERVAL_S = 1e-4
 
 
 def fill_threads_for(num_rows: int, num_cores: int) -> int:
@@ -107,12 +118,12 @@ class StructuredOutputManager:
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
         self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
-        # False (the default): fill_bitmask_async fills in the caller's thread, after the forward was
-        # launched, so the device's forward overlaps the fill. True: in a worker thread, so the engine's
-        # own work (the step's report, the frontend, the next schedule) may overlap it too; off by
-        # default: the hand-over to the worker (it must take the GIL) cost more than the fill on a
-        # busy 2-core host, for 64 JSON-schema rows.
-        self.fill_in_worker = False
+        # True: fill_bitmask_async fills in a worker thread (xgrammar fills without the GIL), so the
+        # engine's host work up to the step's sampling (the report, the frontend, the next step's
+        # schedule and inputs) overlaps the fill. False: in the caller's thread, after the forward was
+        # launched, so only the device's forward overlaps it. Default: a worker where the process has
+        # WORKER_FILL_MIN_CORES cores (on fewer the worker shares a core with the engine's thread).
+        self.fill_in_worker = self._num_cores >= WORKER_FILL_MIN_CORES
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -177,8 +188,9 @@ class StructuredOutputManager:
 
     def fill_bitmask_async(self, seqs: Sequence[EngineSequence]) -> Future[np.ndarray | None]:
         """fill_bitmask in a worker thread when fill_in_worker (the matchers must not advance until
-        it is done), else now. Returns once the worker runs the fill: a worker that had to wait for
-        the GIL would start only when this thread blocks (at the result, so nothing would overlap)."""
+        it is done), else now. Until the worker's fill returns, the GIL switch interval is at most
+        FILL_SWITCH_INTERVAL_S, so the worker takes the GIL from this thread within that time (at its
+        start and at the fill's end) while this thread goes on with Python work."""
         job = self._fill_job(seqs)
         if job is None or not self.fill_in_worker:
             done: Future[np.ndarray | None] = Future()
@@ -186,10 +198,13 @@ class StructuredOutputManager:
             return done
         if self._fill_pool is None:
             self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nv-grammar-fill")
-        started = threading.Event()
-        future: Future[np.ndarray | None] = self._fill_pool.submit(self._fill_once_started, started, *job)
-        started.wait()
-        return future
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, FILL_SWITCH_INTERVAL_S))
+        try:
+            return self._fill_pool.submit(self._fill_then_restore, interval, *job)
+        except BaseException:
+            sys.setswitchinterval(interval)
+            raise
 
     def _fill_job(self, seqs: Sequence[EngineSequence]) -> tuple[
             xgrammar.BatchGrammarMatcher, np.ndarray, list[xgrammar.GrammarMatcher], list[int] | None] | None:
@@ -223,12 +238,13 @@ class StructuredOutputManager:
         filler.batch_fill_next_token_bitmask(matchers, bitmask, rows)
         return bitmask
 
-    def _fill_once_started(self, started: threading.Event, filler: xgrammar.BatchGrammarMatcher,
-                           bitmask: np.ndarray, matchers: list[xgrammar.GrammarMatcher],
-                           rows: list[int] | None) -> np.ndarray:
-        """The worker's fill: tells the caller it runs (holding the GIL until xgrammar releases it)."""
-        started.set()
-        return self._fill(filler, bitmask, matchers, rows)
+    def _fill_then_restore(self, interval: float, filler: xgrammar.BatchGrammarMatcher, bitmask: np.ndarray,
+                           matchers: list[xgrammar.GrammarMatcher], rows: list[int] | None) -> np.ndarray:
+        """The worker's fill; then (holding the GIL again) the switch interval goes back to `interval`."""
+        try:
+            return self._fill(filler, bitmask, matchers, rows)
+        finally:
+            sys.setswitchinterval(interval)
 
     def _bitmask_buffer(self, num_rows: int) -> np.ndarray:
         if not self._bitmasks or self._bitmasks[0].shape[0] < num_rows:
