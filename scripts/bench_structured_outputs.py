@@ -30,8 +30,8 @@ step's critical path. --profile adds where each step's host time goes (StepProfi
 --sync adds both runs with async scheduling off (every step synchronous, the bitmask filled before
 the step), the cost of not overlapping. --fill inline fills the bitmask in the engine's thread once the forward
 was launched; --fill worker fills it in a worker thread, so the engine's own work (the report, the
-frontend, the next step's schedule and inputs) overlaps it too; the default is the engine's (a worker
-from structured_output.manager.WORKER_FILL_MIN_CORES cores). --fill-threads sets the threads of each
+frontend, the next step's schedule and inputs) overlaps it too; the default is the engine's (inline,
+StructuredOutputManager.fill_in_worker). --fill-threads sets the threads of each
 batched fill (the default: by the rows and the cores, structured_output.manager.fill_threads_for). A
 warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info, the schemas' grammars).
 

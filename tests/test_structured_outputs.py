@@ -460,14 +460,6 @@ def test_fill_threads_follow_the_rows_and_the_cores():
     assert fill_threads_for(0, 16) == 1
 
 
-def test_the_fill_runs_in_a_worker_thread_from_four_cores(monkeypatch):
-    from nv_engine.structured_output import manager as manager_module
-
-    for cores, in_worker in ((1, False), (2, False), (4, True), (16, True)):
-        monkeypatch.setattr(manager_module, "usable_cores", lambda cores=cores: cores)
-        assert StructuredOutputManager(lambda: None, 64, [0]).fill_in_worker is in_worker
-
-
 def test_manager_bitmask_buffers_pinned_only_when_asked(llm):
     import torch
 
