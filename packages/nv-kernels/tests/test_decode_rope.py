@@ -88,6 +88,16 @@ def test_fused_decode_matches_unfused(backend, decode_module, block_size: int, n
     assert torch.allclose(v_cache, ref_v, atol=1e-5, equal_nan=True)
 
 
+def test_the_backend_fuses_the_decode_rope_only_with_several_splits(backend, decode_module) -> None:
+    """At one split every program owns a new token (its store and barrier cost more than the separate kernel):
+    the backend says the fused decode pays exactly where decode_attention would split (4 SMs off CUDA)."""
+    cpu = torch.device("cpu")
+    for batch, heads, context in ((1, 2, 4096), (1, 8, 4096), (3, 2, 6), (64, 8, 4096), (2, 2, 1024)):
+        splits = decode_module.choose_num_splits(batch, heads, context, 4)
+        assert backend.decode_rope_pays(batch, heads, context, cpu) is (splits > 1)
+    assert backend.decode_rope_pays(1, 2, 4096, cpu) and not backend.decode_rope_pays(64, 8, 4096, cpu)
+
+
 def test_fused_decode_through_the_backend_16bit(backend) -> None:
     # float16: the interpreter's bfloat16 dots are not exact enough to test against (plain decode too)
     b, q, rope = _case([3, 40, 9], 8, torch.float16, True, seed=3)

@@ -204,6 +204,7 @@ def test_decode_with_rope_equals_norm_rope_store_then_decode(cache_dtype: torch.
     from nv_kernels.kv_layout import to_token_major
     from nv_kernels.kv_quant import quantize
     from nv_kernels.triton_backend import TritonBackend
+    from nv_kernels.triton_decode import decode_attention
 
     hq, hkv, d = 16, 8, 128
     b = _batch([1] * len(CONTEXTS), (hq, hkv, d, block_size, torch.bfloat16), seed=3)
@@ -232,12 +233,19 @@ def test_decode_with_rope_equals_norm_rope_store_then_decode(cache_dtype: torch.
                          scale=d ** -0.5, **scales)
     rope = DecodeRope(k=k, v=v, positions=positions, slot_mapping=slots, cos_sin_cache=cos_sin, q_weight=q_w,
                       k_weight=k_w)
-    out = backend.decode_with_rope(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
-                                   max_seqlen_k=4096, scale=d ** -0.5, rope=rope, **scales)
     step = 2.0 ** -7 if cache_dtype == torch.bfloat16 else 2.0 ** -3    # one unit in the last place, relative
-    for got, want in ((k_cache, ref_k), (v_cache, ref_v)):
-        g, w = got.contiguous().float(), want.contiguous().float()     # raw cache values (FP8 unscaled)
-        differ = g != w
-        assert int(differ.sum()) <= 0.01 * batch * hkv * d             # a rounding of the fp32 sums, rarely
-        assert bool(((g - w).abs() <= step * w.abs() + 1e-6).all())
-    assert relative_error(out.float(), ref.float()) < 1e-2
+    fresh_k, fresh_v = k_cache.clone(), v_cache.clone()
+    for splits in (None, 1):   # the default (several splits here) and one split (every program owns its new token)
+        k_cache, v_cache = fresh_k.clone(), fresh_v.clone()
+        if splits is None:
+            out = backend.decode_with_rope(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+                                           max_seqlen_k=4096, scale=d ** -0.5, rope=rope, **scales)
+        else:
+            out = decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, 4096, d ** -0.5,
+                                   num_splits=splits, rope=rope, **scales)
+        for got, want in ((k_cache, ref_k), (v_cache, ref_v)):
+            g, w = got.contiguous().float(), want.contiguous().float()     # raw cache values (FP8 unscaled)
+            differ = g != w
+            assert int(differ.sum()) <= 0.01 * batch * hkv * d             # a rounding of the fp32 sums, rarely
+            assert bool(((g - w).abs() <= step * w.abs() + 1e-6).all())
+        assert relative_error(out.float(), ref.float()) < 1e-2

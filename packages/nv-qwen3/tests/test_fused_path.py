@@ -92,9 +92,13 @@ class CountingBackend(TorchBackend):
 class CountingTritonBackend(TritonBackend):
     """The Triton backend (interpreted on CPU), counting the decodes that finished q and k themselves."""
 
-    def __init__(self) -> None:
+    def __init__(self, rope_pays: bool | None = None) -> None:
         self.stores = 0
         self.rope_decodes = 0
+        self.rope_pays = rope_pays    # None: the backend's own answer
+
+    def decode_rope_pays(self, *args: Any) -> bool:
+        return super().decode_rope_pays(*args) if self.rope_pays is None else self.rope_pays
 
     def store_kvcache(self, *args: Any, **kwargs: Any) -> None:
         self.stores += 1
@@ -159,15 +163,20 @@ def test_model_fused_equals_torch_path(model_cls: type, config: Any) -> None:
     (Qwen3ForCausalLM, Qwen3Config(**SHAPE)),
     (Qwen2ForCausalLM, Qwen2Config(**{k: v for k, v in SHAPE.items() if k != "head_dim"})),
 ])
-def test_decode_finishing_rope_equals_torch_path(model_cls: type, config: Any) -> None:
+@pytest.mark.parametrize("rope_pays", [True, False])
+def test_decode_finishing_rope_equals_torch_path(model_cls: type, config: Any, rope_pays: bool) -> None:
     """On the Triton backend a decode step's attention kernel norms and rotates q / k and stores the new K/V
-    (nv_kernels.decode_rope): the same logits and cache as the torch path, and no separate store."""
-    backend = CountingTritonBackend()
+    (nv_kernels.decode_rope) where the backend says that pays: the same logits and cache as the torch path, and
+    no separate store. Where it does not pay, the decoder runs the separate norm + rotary + store kernel and a
+    plain decode: the same results again. (The backend's own answer here would be no: one split for a
+    6-token context.)"""
+    backend = CountingTritonBackend(rope_pays)
     with fused_ops("on"):
         fused_out, fused_caches, _ = run_model(model_cls, config, seed=2, backend=backend)
     with fused_ops("off"):
         plain_out, plain_caches, _ = run_model(model_cls, config, seed=2)
-    assert backend.rope_decodes == config.num_hidden_layers and backend.stores == 0
+    layers = config.num_hidden_layers
+    assert backend.rope_decodes == (layers if rope_pays else 0) and backend.stores == 0
     for a, b in zip(fused_out, plain_out, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for a, b in zip(fused_caches, plain_caches, strict=True):

@@ -69,6 +69,11 @@ class DecodesWithRope(Protocol):
     """A backend whose decode finishes q and k itself (nv_kernels.decode_rope): q holds the raw query heads,
     and the new tokens' k / v (rope.k, rope.v, raw) are normed, rotated and stored by the decode kernel."""
 
+    def decode_rope_pays(self, batch: int, num_kv_heads: int, max_seqlen_k: int, device: torch.device) -> bool:
+        """Whether decode_with_rope is faster for this decode shape than the separate norm + rotary + store kernel
+        followed by decode (static facts only: a CUDA graph captured with the answer stays valid)."""
+        ...
+
     def decode_with_rope(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,
         max_seqlen_k: int, scale: float, rope: DecodeRope, k_scale: Tensor | None = None,

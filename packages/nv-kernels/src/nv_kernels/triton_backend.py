@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 
+import torch
 from torch import Tensor
 
 from nv_kernels.decode_rope import DecodeRope
+from nv_kernels.decode_tuning import fused_decode_rope_pays
 from nv_kernels.interface import check_query, check_store
 from nv_kernels.kv_layout import check_cache_layout
 from nv_kernels.kv_quant import check_scales
@@ -87,6 +89,9 @@ class TritonBackend:
         return decode_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
                                 _last_dim_contiguous(block_tables), max_seqlen_k, scale,
                                 k_scale=k_scale, v_scale=v_scale)
+
+    def decode_rope_pays(self, batch: int, num_kv_heads: int, max_seqlen_k: int, device: torch.device) -> bool:
+        return fused_decode_rope_pays(batch, num_kv_heads, max_seqlen_k, device)
 
     def decode_with_rope(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,

@@ -28,7 +28,6 @@ from torch import Tensor
 from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
 from nv_kernels.dependent_launch import launch_options
-from nv_kernels.fused_rope import qk_norm_rope_triton
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
 from nv_kernels.triton_store import quantize_to
@@ -303,8 +302,9 @@ def decode_attention(
 ) -> Tensor:
     """q [B, Hq, D], caches [NB, BS, Hkv, D] -> [B, Hq, D]. Keyword tunables are for benchmarks.
     An FP8 cache needs k_scale / v_scale ([1] or [Hkv, D] float32 on the device).
-    rope: q is raw (before its norm and rotary) and the new tokens' k / v are stored here (decode_rope.py; at one
-    split by the separate fused_rope kernel before the attention)."""
+    rope: q is raw (before its norm and rotary) and the new tokens' k / v are stored here (decode_rope.py). At one
+    split that costs more than the separate fused_rope kernel: callers ask
+    decode_tuning.fused_decode_rope_pays first."""
     batch, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     if rope is not None:
@@ -315,15 +315,6 @@ def decode_attention(
     group = hq // hkv
     if num_splits is None:
         num_splits = choose_num_splits(batch, hkv, max_seqlen_k, num_sms(q.device))
-    if rope is not None and num_splits == 1:
-        # With one split every program owns a new token: its store and the barrier before its first read cost
-        # more than the separate norm + rotary + store kernel (H200, Qwen3-0.6B heads, context 1,024, in
-        # CUDA graphs: batch 128 137.3 us per layer fused against 130.0 separate), so q and k are finished there.
-        q = qk_norm_rope_triton(q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, head_dim=head_dim,
-                                rotary_dim=head_dim, q_weight=rope.q_weight, k_weight=rope.k_weight, eps=rope.eps,
-                                k_cache=k_cache, v_cache=v_cache, slot_mapping=rope.slot_mapping,
-                                k_scale=k_scale, v_scale=v_scale)[0]
-        rope = None
     tile = tile or (choose_tile(block_size, head_dim, is_fp8(k_cache.dtype)) if q.is_cuda else 16)
     d_pad = triton.next_power_of_2(head_dim)
     if num_splits > 1:

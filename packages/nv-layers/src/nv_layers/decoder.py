@@ -91,14 +91,16 @@ class DecoderAttention(nn.Module):
             return False
         return not self.qk_norm or self.q_norm.weight.dtype == self.k_norm.weight.dtype == qkv.dtype
 
-    def _decode_finishes_rope(self, ctx: ForwardContext) -> bool:
+    def _decode_finishes_rope(self, ctx: ForwardContext, num_tokens: int, device: torch.device) -> bool:
         """A decode step whose attention kernel can norm and rotate q and k and store k / v itself
-        (nv_kernels.decode_rope): one kernel per layer fewer. Not while FP8 scales are calibrated (the layer
-        records K / V first) nor with partial rotary; NV_DECODE_ROPE=0 keeps the separate kernel. The backend's
-        capability (nv_kernels.interface.DecodesWithRope) is tested with hasattr: a Protocol isinstance check
-        costs microseconds, per layer and eager step."""
-        return (DECODE_ROPE and ctx.is_decode and ctx.attention_split is None and self.attn.kv_amax is None
-                and self.rotary_emb.rotary_dim == self.head_dim and hasattr(ctx.backend, "decode_with_rope"))
+        (nv_kernels.decode_rope), where the backend says that pays at this batch: one kernel per layer fewer.
+        Not while FP8 scales are calibrated (the layer records K / V first) nor with partial rotary;
+        NV_DECODE_ROPE=0 keeps the separate kernel. The backend's capability (nv_kernels.interface.DecodesWithRope)
+        is tested with hasattr: a Protocol isinstance check costs microseconds, per layer and eager step."""
+        if not (DECODE_ROPE and ctx.is_decode and ctx.attention_split is None and self.attn.kv_amax is None
+                and self.rotary_emb.rotary_dim == self.head_dim and hasattr(ctx.backend, "decode_with_rope")):
+            return False
+        return ctx.backend.decode_rope_pays(num_tokens, self.num_kv_heads, ctx.max_seqlen_k, device)  # type: ignore[attr-defined]
 
     def _fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """CUDA: q/k norm, rotary and the KV-cache store in one kernel (nv_kernels.fused_rope)."""
@@ -110,7 +112,7 @@ class DecoderAttention(nn.Module):
         attn = self.attn
         store = can_store_into(attn.k_cache, attn.v_cache, self.num_kv_heads, self.head_dim)
         ctx = get_forward_context()
-        if store and self._decode_finishes_rope(ctx):
+        if store and self._decode_finishes_rope(ctx, num_tokens, qkv.device):
             rope = DecodeRope(k=k.view(num_tokens, self.num_kv_heads, self.head_dim),
                               v=v.view(num_tokens, self.num_kv_heads, self.head_dim), positions=positions,
                               slot_mapping=ctx.slot_mapping, cos_sin_cache=self.rotary_emb.cos_sin_cache, **kwargs)
