@@ -3,8 +3,10 @@
 # (16 tokens) has answered, for the random Qwen3-0.6B-shaped bf16 checkpoint (`--max-model-len 4096`).
 #   bash scripts/serve_start.sh [WARM_RUNS]      (default 2)
 # The first start uses an empty Triton cache (a fresh TRITON_CACHE_DIR: every kernel compiles, as on a new
-# install); the next WARM_RUNS reuse that cache. The engine core's INFO lines (compiles ahead, graph captures,
-# warm-up, build time) are in $RESULTS/start_<run>.log, one line per start in $RESULTS/serve_start.log.
+# install); the next WARM_RUNS reuse that cache. Each line also gives the engine core's share (spawn to ready; the
+# frontend's imports and config before the spawn are the rest). The engine core's INFO lines (compiles ahead,
+# graph captures, warm-up, build time) are in $RESULTS/start_<run>.log, one line per start in
+# $RESULTS/serve_start.log.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 record_environment
 WARM_RUNS=${1:-2}
@@ -30,8 +32,10 @@ for run in cold $(seq -f "warm%g" 1 "$WARM_RUNS"); do
   curl -sf http://127.0.0.1:8000/v1/completions -H 'content-type: application/json' \
     -d "{\"model\": \"$MODEL\", \"prompt\": [1, 2, 3], \"max_tokens\": 16}" >/dev/null
   answered=$(date +%s.%N)
+  # the core's share: "engine core ready N s after its spawn" (the frontend's share is the rest)
+  core=$(grep -o "engine core ready [0-9.]* s after its spawn" "$RESULTS/start_$run.log" | grep -o "[0-9.]* s" | head -1)
   echo "$run: /health after $("$PYTHON" -c "print(round($health - $start, 1))") s," \
-    "first answer after $("$PYTHON" -c "print(round($answered - $start, 1))") s" \
+    "first answer after $("$PYTHON" -c "print(round($answered - $start, 1))") s (core ready ${core:-?} after its spawn)" \
     | tee -a "$RESULTS/serve_start.log"
   kill -INT $pid; wait $pid
 done
