@@ -213,6 +213,16 @@ def run(llm: LLM, profile: StepProfile, batch: list[tuple[list[dict], dict]], ma
     return summary, lengths
 
 
+def grammar_then_plain(llm: LLM, profile: StepProfile, batch: list[tuple[list[dict], dict]],
+                       args: argparse.Namespace, async_scheduling: bool) -> tuple[dict, dict]:
+    """The grammar run, then the plain run of the same requests (each the length of its grammar twin with
+    ignore_eos, or --natural-plain: --max-tokens and stopping at EOS): (grammar summary, plain summary)."""
+    summary, lengths = run(llm, profile, batch, [args.max_tokens] * len(batch), True, async_scheduling)
+    plain_limits = [args.max_tokens] * len(batch) if args.natural_plain else [max(1, n) for n in lengths]
+    plain, _ = run(llm, profile, batch, plain_limits, False, async_scheduling, ignore_eos=not args.natural_plain)
+    return summary, plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Structured outputs against plain requests on SmolLM2 (bf16).")
     parser.add_argument("--gguf", default=None)
@@ -253,9 +263,7 @@ def main() -> None:
         for number in range(args.rounds):
             for mode in modes:
                 manager.fill_in_worker = mode == "worker"
-                summary, lengths = run(llm, profile, batch, [args.max_tokens] * len(batch), True)
-                plain_limits = [args.max_tokens] * len(batch) if args.natural_plain else [max(1, n) for n in lengths]
-                plain, _ = run(llm, profile, batch, plain_limits, False, ignore_eos=not args.natural_plain)
+                summary, plain = grammar_then_plain(llm, profile, batch, args, async_scheduling=True)
                 ratio = summary["output_tok_per_s"] / plain["output_tok_per_s"]
                 rounds.append({"round": number, "fill": mode, "ratio": round(ratio, 4), "grammar": summary,
                                "plain": plain})
@@ -264,9 +272,7 @@ def main() -> None:
                       f"(valid and stopped {summary['valid_and_stopped']})", flush=True)
         if args.sync:
             manager.fill_in_worker = modes[0] == "worker"
-            summary, lengths = run(llm, profile, batch, [args.max_tokens] * len(batch), True, False)
-            plain_limits = [args.max_tokens] * len(batch) if args.natural_plain else [max(1, n) for n in lengths]
-            plain, _ = run(llm, profile, batch, plain_limits, False, False, ignore_eos=not args.natural_plain)
+            summary, plain = grammar_then_plain(llm, profile, batch, args, async_scheduling=False)
             sync_runs = [plain, summary]
     summary_out: dict = {"rounds": rounds, "median_ratio": {}}
     for mode in modes:
