@@ -4,13 +4,18 @@ aborts the request in the core and frees its blocks; 256 streams at once all fin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import multiprocessing
 import time
 from pathlib import Path
 
 import pytest
 
 from nv_engine import LLM, AsyncLLM, SamplingParams
+from nv_engine.engine_args import EngineArgs
+from nv_engine.engine_core_client import EngineCoreClient
 from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.engine_requests import eos_token_ids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -19,11 +24,31 @@ ENGINE_KWARGS = dict(device="cpu", dtype="float32", max_model_len=256, max_num_s
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
+# each time the frontend read the model's config while the module's AsyncLLM started: whether the engine-core
+# process came up during that read (waited for up to 30 s)
+CORE_UP_DURING_CONFIG: list[bool] = []
+
+
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3_dir: Path):
-    engine = AsyncLLM(str(tiny_qwen3_dir), **ENGINE_KWARGS)
+    read_config = EngineArgs.create_engine_config
+
+    def recorded(self: EngineArgs, hf_config: object = None):
+        deadline = time.monotonic() + 30
+        while not _core_children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        CORE_UP_DURING_CONFIG.append(bool(_core_children()))
+        return read_config(self, hf_config)
+
+    with pytest.MonkeyPatch.context() as patch:    # this process only: the core imports its own modules
+        patch.setattr(EngineArgs, "create_engine_config", recorded)
+        engine = AsyncLLM(str(tiny_qwen3_dir), **ENGINE_KWARGS)
     yield engine
     engine.shutdown()
+
+
+def _core_children() -> list[str]:
+    return [child.name for child in multiprocessing.active_children() if child.name == "nv-engine-core"]
 
 
 def _prompts(count: int) -> list[list[int]]:
@@ -156,6 +181,33 @@ def test_bad_requests_raise_and_leave_the_engine_usable(llm):
 def test_a_core_that_fails_to_start_raises_its_message(tiny_qwen3_dir):
     with pytest.raises(RuntimeError, match="fewer than one max_model_len"):
         AsyncLLM(str(tiny_qwen3_dir), **{**ENGINE_KWARGS, "num_gpu_blocks_override": 4})
+
+
+def test_the_core_starts_before_the_frontend_reads_the_model_config(llm):
+    """The core resolves the engine arguments itself (config, EOS ids), so it builds while the frontend reads
+    the same config and tokenizer; READY names what it resolved, and both sides agree."""
+    assert CORE_UP_DURING_CONFIG and CORE_UP_DURING_CONFIG[0]
+    assert llm.client.ready["max_model_len"] == llm.config.max_model_len == ENGINE_KWARGS["max_model_len"]
+    assert llm.client.ready["eos_token_ids"] == sorted(eos_token_ids(llm.config, llm.tokenizer))
+
+
+def test_a_core_that_resolved_other_limits_is_refused_and_stopped(tiny_qwen3_dir):
+    args = EngineArgs.from_kwargs(str(tiny_qwen3_dir), **ENGINE_KWARGS).with_resolved_paths()
+    other = dataclasses.replace(args, max_model_len=128).create_engine_config()
+    client = EngineCoreClient(args, None, on_outputs=lambda outputs: None, on_dead=lambda reason: None)
+    with pytest.raises(RuntimeError, match="resolved the engine arguments differently"):
+        client.wait_ready(other, eos_token_ids(other, None))
+    assert not client.process.is_alive()
+
+
+def test_bad_engine_arguments_raise_and_leave_no_core_running(tiny_qwen3_dir, llm):
+    """The core started before the frontend found the bad value: it is stopped at once, not left building."""
+    before = len(_core_children())      # the module's AsyncLLM
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="max_model_len must be a positive integer"):
+        AsyncLLM(str(tiny_qwen3_dir), **{**ENGINE_KWARGS, "max_model_len": 0})
+    assert len(_core_children()) == before
+    assert time.monotonic() - started < 30
 
 
 def test_shutdown_ends_the_core_and_later_calls_raise(llm):

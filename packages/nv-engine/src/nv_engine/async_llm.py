@@ -77,11 +77,7 @@ class AsyncLLM:
     fails only its own requests, and the engine is dead only when every core is."""
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        config = EngineArgs.from_kwargs(model, **kwargs).create_engine_config()
-        self.config: EngineConfig = config
-        self.tokenizer: Tokenizer | None = load_tokenizer(config)
-        self.preparer = RequestPreparer(config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=True)
+        args = EngineArgs.from_kwargs(model, **kwargs)
         self.stat_loggers: list[StatLogger] = []
         self.max_step_batch_size = 0          # the widest step seen (requests with output in it)
         self.scheduler_stats: object | None = None   # the core's latest snapshot, if it sends one
@@ -89,12 +85,33 @@ class AsyncLLM:
         self._lock = threading.Lock()         # output_processor and _routes
         self._routes: dict[str, _Route] = {}
         self._shut_down = False
-        eos = eos_token_ids(config, self.tokenizer)
-        # data_parallel_size > 1: several cores, each request sent to one (DataParallelCoreClient)
+        # One core starts first, from the arguments alone: it reads the model's config and tokenizer itself
+        # while this process does the same (seconds of imports on both sides, run side by side);
+        # wait_ready checks that both resolved the same limits and EOS ids. Data-parallel cores need the
+        # config first (each gets its own devices and event endpoint).
+        early: EngineCoreClient | None = None
+        if args.data_parallel_size == 1:
+            args = args.with_resolved_paths()     # fetched or converted once, here
+            early = EngineCoreClient(args, None, on_outputs=self._on_core_outputs, on_dead=self._on_core_dead)
+        reading = time.perf_counter()
+        try:
+            config = args.create_engine_config()
+            self.config: EngineConfig = config
+            self.tokenizer: Tokenizer | None = load_tokenizer(config)
+            self.preparer = RequestPreparer(config, self.tokenizer)
+            self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=True)
+            eos = eos_token_ids(config, self.tokenizer)
+            logger.info("read the model's config and tokenizer in %.1f s%s", time.perf_counter() - reading,
+                        "" if early is None else " (the engine core started meanwhile)")
+            if early is not None:
+                early.wait_ready(config, eos)
+        except BaseException:
+            if early is not None:
+                early.shutdown()
+            raise
         self.client: EngineCoreClient | DataParallelCoreClient = (
-            DataParallelCoreClient(config, eos, on_outputs=self._on_core_outputs, on_dead=self._on_core_dead)
-            if config.data_parallel_size > 1 else
-            EngineCoreClient(config, eos, on_outputs=self._on_core_outputs, on_dead=self._on_core_dead))
+            early if early is not None else
+            DataParallelCoreClient(config, eos, on_outputs=self._on_core_outputs, on_dead=self._on_core_dead))
         self.num_blocks = int(self.client.ready["num_blocks"])      # over all cores
         self.core_pid = int(self.client.ready["pid"])               # the first core's
         # by engine index

@@ -4,14 +4,16 @@ Spawned, an engine-core process imports torch, transformers and nv before it can
 host), and `nv serve` spawns it only after the frontend has done the same imports and its own setup (~13 s): the
 two import phases ran one after the other. `CoreForkserver.start()`, called first thing by the `nv serve` command
 (before the frontend imports torch), starts multiprocessing's forkserver with those modules preloaded, so its
-imports run while the frontend's do; the core is then forked from it, ready to build. For multiprocessing the
-frontend is still the core's parent (sentinel, exit code, join).
+imports run while the frontend's do; the core is then forked from it, ready to build. AsyncLLM starts the core
+before it reads the model's config (the core resolves the engine arguments itself), so the fork waits only for
+the preload. For multiprocessing the frontend is still the core's parent (sentinel, exit code, join).
 
-The preload covers everything the core imports before it is ready, not only the spawn target's imports: the pickled
-EngineConfig's HF config class (transformers' model index, which reads the source of every model it ships: ~1 s of
-a CPU core) and the modules that building the core imports (executor, model runner, CUDA's attention backend, the
-built-in models). A fork waits until the preload is done, so work moved into it never delays the core: it either
-overlaps the frontend's own setup or would have run after the fork anyway.
+The preload covers everything the core imports before it is ready, not only the spawn target's imports: the HF
+config class (transformers' model index, which reads the source of every model it ships: ~1 s of a CPU core), the
+tokenizer and generation-config modules (the core reads its EOS ids) and the modules that building the core
+imports (executor, model runner, CUDA's attention backend, the built-in models). A fork waits until the preload is
+done, so work moved into it never delays the core: it either overlaps the frontend's own setup or would have run
+after the fork anyway.
 
 Safe because the forkserver never touches CUDA (it only imports). A forkserver child's environment is the
 server's, taken when it started; EngineCoreProcess.main applies the variables the frontend sets for one core (a
@@ -36,6 +38,9 @@ PRELOAD = [
     # the modeling index (generation utils, torch.distributed.tensor, sympy): 4-6 s of a core, paid once here.
     "transformers.models.auto.modeling_auto",
     *builtin_hf_config_modules(),     # a module a transformers version lacks is skipped (the preload's ImportError)
+    # a core started from the engine arguments alone reads the tokenizer (its EOS id) and generation config
+    "transformers.models.auto.tokenization_auto",
+    "transformers.generation.configuration_utils",
     # building the core: the executor, the model runner (layers, CUDA graphs), CUDA's default attention backend
     "nv_engine.executor",
     "nv_engine.runner.model_runner",

@@ -90,10 +90,12 @@ class DataParallelCoreClient:
 
     # ---- starting the cores ------------------------------------------------------------------
     def _start_core(self, config: EngineConfig, eos_token_ids: list[int], index: int) -> EngineCoreClient:
-        return EngineCoreClient(self._core_config(config, index), eos_token_ids,
-                                on_outputs=lambda outputs: self._core_outputs(index, outputs),
-                                on_dead=lambda reason: self._core_dead(index, reason),
-                                env=self._core_environment(config, index))
+        client = EngineCoreClient(self._core_config(config, index), eos_token_ids,
+                                  on_outputs=lambda outputs: self._core_outputs(index, outputs),
+                                  on_dead=lambda reason: self._core_dead(index, reason),
+                                  env=self._core_environment(config, index))
+        client.wait_ready()
+        return client
 
     @staticmethod
     def _core_environment(config: EngineConfig, index: int) -> dict[str, str]:

@@ -206,18 +206,28 @@ class EngineArgs:
         return cls(**{name: getattr(args, name) for name in cls.field_names()})
 
     # ---- resolution --------------------------------------------------------------------------
-    def create_engine_config(self, hf_config: Any = None) -> EngineConfig:
-        """Resolve the model path (hub download included), read its HF config, pick the dtype, device and
-        limits, and validate every setting (ValueError naming the field)."""
-        from nv_engine.checkpoints.model_path import load_hf_config, resolve_model_path
+    def with_resolved_paths(self) -> EngineArgs:
+        """These arguments with `model` (hub download, GGUF conversion) and `tokenizer` resolved to local
+        paths: what another process resolves to the same config without fetching or converting again.
+        ValueError when the model cannot be found."""
+        from nv_engine.checkpoints.model_path import resolve_model_path
 
-        kv_events_config = KVEventsConfig.from_value(self.kv_events_config)   # refused before the model is read
         path = resolve_model_path(self.model, revision=self.revision, cache_dir=self.download_dir,
                                   token=self.hf_token)
         tokenizer = self.tokenizer
         if tokenizer is not None and not Path(tokenizer).expanduser().exists():
             tokenizer = resolve_model_path(tokenizer, revision=self.tokenizer_revision,
                                            cache_dir=self.download_dir, token=self.hf_token)
+        return dataclasses.replace(self, model=path, tokenizer=tokenizer)
+
+    def create_engine_config(self, hf_config: Any = None) -> EngineConfig:
+        """Resolve the model path (hub download included), read its HF config, pick the dtype, device and
+        limits, and validate every setting (ValueError naming the field)."""
+        from nv_engine.checkpoints.model_path import load_hf_config
+
+        kv_events_config = KVEventsConfig.from_value(self.kv_events_config)   # refused before the model is read
+        resolved = self.with_resolved_paths()
+        path, tokenizer = resolved.model, resolved.tokenizer
         if hf_config is None:
             hf_config = load_hf_config(path)
         device = resolve_device(self.device)

@@ -1,8 +1,12 @@
 """EngineCoreClient: the frontend's side of an engine-core process (start, send, receive, watch).
 
-It binds two ipc:// sockets in a private temporary directory, spawns EngineCoreProcess (the
-"spawn" start method: CUDA cannot be forked) and waits for its READY message; a core that fails
-to start raises RuntimeError here with the core's message. A receiver thread then takes every
+It binds two ipc:// sockets in a private temporary directory and starts EngineCoreProcess (spawned, or
+forked from the forkserver: CUDA cannot be forked); `wait_ready()` then waits for its READY message; a
+core that fails to start raises RuntimeError there with the core's message. The core gets either the
+frontend's EngineConfig and EOS ids, or the EngineArgs alone: it then resolves both itself, the way the
+frontend does, so it can start before the frontend has read the model's config and tokenizer (they
+take seconds: `nv serve`'s start), and `wait_ready(config, eos_token_ids)` checks that both sides
+resolved the same limits and EOS ids. A receiver thread then takes every
 message the core sends and hands the step outputs to `on_outputs`; it polls the process sentinel
 together with the socket, so a dead core is noticed at once (`on_dead` is called with the reason).
 Sends are thread-safe (one lock around the PUSH socket).
@@ -23,11 +27,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import zmq
 
 from nv_engine.config import EngineConfig
 from nv_engine.core_forkserver import CoreForkserver
+from nv_engine.engine_args import EngineArgs
 from nv_engine.engine_core_codec import CoreMessageCodec
 from nv_engine.engine_core_message import CoreMessage
 from nv_engine.engine_core_outputs import EngineCoreOutputs
@@ -42,11 +48,14 @@ _POLL_MS = 200      # how often the receiver thread looks at its stop flag
 
 
 class EngineCoreClient:
-    def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
+    def __init__(self, engine: EngineConfig | EngineArgs, eos_token_ids: Iterable[int] | None, *,
                  on_outputs: Callable[[EngineCoreOutputs], None], on_dead: Callable[[str], None],
                  env: Mapping[str, str] | None = None) -> None:
-        """env: environment variables for the core process only (a data-parallel core's
-        CUDA_VISIBLE_DEVICES), set by the core process as it starts (this process's environment is left alone)."""
+        """Start the core and return at once (`wait_ready()` waits for it). engine: the resolved EngineConfig
+        with eos_token_ids, or EngineArgs (model and tokenizer already resolved to local paths:
+        `EngineArgs.with_resolved_paths()`) with None: the core resolves the config and EOS ids itself.
+        env: environment variables for the core process only (a data-parallel core's CUDA_VISIBLE_DEVICES),
+        set by the core process as it starts (this process's environment is left alone)."""
         self._on_outputs = on_outputs
         self._on_dead = on_dead
         self._send_codec = CoreMessageCodec()      # used under _send_lock
@@ -68,28 +77,57 @@ class EngineCoreClient:
         self._call_ids = itertools.count()
         self._closing = False
         self.dead_reason: str | None = None
+        self.ready: dict[str, Any] = {}          # the core's READY message, once wait_ready() returned
+        self._thread: threading.Thread | None = None
         # spawned, or forked from the forkserver `nv serve` started (core_forkserver.py); either way the core
         # sets env itself (EngineCoreProcess.main), before anything reads it
         self.process = CoreForkserver.context().Process(  # pyright: ignore[reportAttributeAccessIssue]
             target=EngineCoreProcess.main, name="nv-engine-core",
-            args=(config, sorted(eos_token_ids), f"ipc://{self._dir}/input", f"ipc://{self._dir}/output",
-                  logging.getLogger("nv_engine").getEffectiveLevel(), dict(env or {})))
-        spawned = time.perf_counter()
-        try:
-            self.process.start()
-            self.ready = self._wait_ready()
-            logger.info("engine core ready %.1f s after its spawn", time.perf_counter() - spawned)
-        except BaseException:
-            self._stop_process(timeout=5.0)
-            self._close_sockets()
-            raise
-        self._thread = threading.Thread(target=self._receive_loop, name="nv-core-outputs", daemon=True)
-        self._thread.start()
+            args=(engine, None if eos_token_ids is None else sorted(eos_token_ids), f"ipc://{self._dir}/input",
+                  f"ipc://{self._dir}/output", logging.getLogger("nv_engine").getEffectiveLevel(), dict(env or {})))
+        self._spawned = time.perf_counter()
+        # Started from a thread: a forkserver answers (with the child's pid) only once its preload is done, and
+        # this process has its own setup to do meanwhile (AsyncLLM reads the model's config while the core starts).
+        self._start_error: BaseException | None = None
+        self._starter = threading.Thread(target=self._start_process, name="nv-core-start", daemon=True)
+        self._starter.start()
         # The core is not a daemon process (it may start tensor-parallel workers), and
         # multiprocessing joins such children at exit: stop it first if nobody shut it down.
         atexit.register(EngineCoreClient._shutdown_at_exit, weakref.ref(self))
 
-    def _wait_ready(self) -> dict[str, int]:
+    def _start_process(self) -> None:
+        try:
+            self.process.start()
+        except BaseException as exc:      # raised by wait_ready
+            self._start_error = exc
+
+    def wait_ready(self, config: EngineConfig | None = None, eos_token_ids: Iterable[int] | None = None) -> None:
+        """Wait for the core's READY, then start taking its messages. A core that resolved its own config:
+        RuntimeError unless its max_model_len, block_size and EOS ids equal config's and eos_token_ids (the
+        frontend checks requests against those). On any failure the core is stopped."""
+        try:
+            self._starter.join()
+            if self._start_error is not None:
+                raise RuntimeError(f"the engine core could not be started: {self._start_error!r}") \
+                    from self._start_error
+            self.ready = self._wait_ready()
+            logger.info("engine core ready %.1f s after its spawn", time.perf_counter() - self._spawned)
+            if config is not None:
+                mine = {"max_model_len": config.max_model_len, "block_size": config.block_size,
+                        "eos_token_ids": sorted(eos_token_ids or ())}
+                theirs = {name: self.ready.get(name) for name in mine}
+                if theirs != mine:
+                    raise RuntimeError(f"the engine core resolved the engine arguments differently from this "
+                                       f"process: {theirs} against {mine}")
+        except BaseException:
+            self._closing = True
+            self._stop_process(timeout=0.0)
+            self._close_sockets()
+            raise
+        self._thread = threading.Thread(target=self._receive_loop, name="nv-core-outputs", daemon=True)
+        self._thread.start()
+
+    def _wait_ready(self) -> dict[str, Any]:
         poller = zmq.Poller()
         poller.register(self._output, zmq.POLLIN)
         poller.register(self.process.sentinel, zmq.POLLIN)
@@ -98,7 +136,7 @@ class EngineCoreClient:
             if self._output in events:
                 kind, payload = self._receive_codec.decode(self._output.recv())
                 if kind is CoreMessage.READY:
-                    return payload    # type: ignore[return-value]  # dict[str, int] by the protocol
+                    return payload    # type: ignore[return-value]  # dict[str, Any] by the protocol
                 if kind is CoreMessage.ERROR:
                     raise RuntimeError(f"the engine core failed to start: {payload}")
                 raise RuntimeError(f"the engine core sent {kind!r} before READY")
@@ -109,7 +147,7 @@ class EngineCoreClient:
 
     @property
     def is_alive(self) -> bool:
-        return self.dead_reason is None and not self._closing
+        return self.dead_reason is None and not self._closing and self._thread is not None
 
     # ---- frontend -> core --------------------------------------------------------------------
     def note_delivery(self, engine_index: int, seconds: float) -> None:
@@ -205,18 +243,21 @@ class EngineCoreClient:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Ask the core to stop (it shuts its executor down), then wait; kill it if it hangs."""
+        """Ask the core to stop (it shuts its executor down), then wait; kill it if it hangs. A core that is
+        not ready yet (wait_ready() never returned) is terminated at once."""
         if self._closing:
             return
-        if self.dead_reason is None:
+        ready = self._thread is not None
+        if ready and self.dead_reason is None:
             try:
                 with self._send_lock:
                     self._input.send(self._send_codec.encode(CoreMessage.SHUTDOWN, None))
             except zmq.ZMQError:
                 pass
         self._closing = True
-        self._stop_process(timeout)
-        self._thread.join(2 * _POLL_MS / 1000 + 1)
+        self._stop_process(timeout if ready else 0.0)
+        if self._thread is not None:
+            self._thread.join(2 * _POLL_MS / 1000 + 1)
         self._close_sockets()
 
     @staticmethod
@@ -226,12 +267,18 @@ class EngineCoreClient:
             client.shutdown(timeout=10.0)
 
     def _stop_process(self, timeout: float) -> None:
+        """Wait up to timeout for the core to exit; then SIGTERM (timeout 0: at once), then SIGKILL."""
+        self._starter.join()
         process = self.process
         if process.pid is None:
             return
         process.join(timeout)
-        if process.is_alive():
+        if process.is_alive() and timeout > 0:
             logger.warning("the engine core did not stop in %.0f s: killing it", timeout)
+        if process.is_alive():
+            process.terminate()
+            process.join(5.0)
+        if process.is_alive():
             process.kill()
             process.join(5.0)
 

@@ -29,11 +29,14 @@ from typing import TypeVar
 import zmq
 
 from nv_engine.config import EngineConfig
+from nv_engine.engine_args import EngineArgs
 from nv_engine.engine_core import EngineCore
 from nv_engine.engine_core_codec import CoreMessageCodec
 from nv_engine.engine_core_message import CoreMessage
 from nv_engine.engine_core_outputs import EngineCoreOutputs
 from nv_engine.engine_core_request import EngineCoreRequest
+from nv_engine.engine_requests import eos_token_ids as eos_token_ids_of
+from nv_engine.engine_requests import load_tokenizer
 from nv_engine.logging_config import configure_logging
 from nv_engine.stage_timer import StageTimer
 
@@ -69,10 +72,13 @@ class EngineCoreProcess:
             executor.execute = self._timed_device_wait(executor.execute)    # type: ignore[method-assign]
 
     @staticmethod
-    def main(config: EngineConfig, eos_token_ids: list[int], input_address: str, output_address: str,
-             log_level: int, env: dict[str, str] | None = None) -> None:
-        """Spawn target: start the core, send READY (or ERROR with the reason), then loop. env: variables the
-        frontend set for this core (a process forked from a forkserver has the server's environment)."""
+    def main(engine: EngineConfig | EngineArgs, eos_token_ids: list[int] | None, input_address: str,
+             output_address: str, log_level: int, env: dict[str, str] | None = None) -> None:
+        """Spawn target: start the core, send READY (or ERROR with the reason), then loop. engine: the
+        frontend's EngineConfig with its eos_token_ids, or EngineArgs with None: the config and EOS ids are
+        then resolved here as the frontend resolves them (READY names them, for the frontend to check). env:
+        variables the frontend set for this core (a process forked from a forkserver has the server's
+        environment)."""
         os.environ.update(env or {})
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         configure_logging(log_level)
@@ -87,7 +93,12 @@ class EngineCoreProcess:
             logger.info("engine core starting (pid %d)", os.getpid())
             building = time.perf_counter()
             try:
-                core = EngineCore(config, eos_token_ids, record_timestamps=True)
+                if isinstance(engine, EngineArgs):
+                    config = engine.create_engine_config()
+                    eos_token_ids = sorted(eos_token_ids_of(config, load_tokenizer(config)))
+                else:
+                    config = engine
+                core = EngineCore(config, eos_token_ids or (), record_timestamps=True)
             except BaseException as exc:
                 logger.exception("engine core failed to start")
                 outputs.send(codec.encode(CoreMessage.ERROR, f"{type(exc).__name__}: {exc}"))
@@ -96,7 +107,7 @@ class EngineCoreProcess:
             proc = EngineCoreProcess(core, inputs, outputs, parent.sentinel if parent is not None else None)
             outputs.send(codec.encode(CoreMessage.READY, {
                 "num_blocks": core.num_blocks, "max_model_len": config.max_model_len,
-                "block_size": config.block_size, "pid": os.getpid()}))
+                "block_size": config.block_size, "eos_token_ids": sorted(core.eos_token_ids), "pid": os.getpid()}))
             logger.info("engine core ready: %d KV blocks of %d tokens; EngineCore built in %.1f s (model load, KV "
                         "cache, CUDA graphs, warm-up)", core.num_blocks, config.block_size,
                         time.perf_counter() - building)
