@@ -3,8 +3,9 @@
 # (16 tokens) has answered, for the random Qwen3-0.6B-shaped bf16 checkpoint (`--max-model-len 4096`).
 #   bash scripts/serve_start.sh [WARM_RUNS]      (default 2)
 # The first start uses an empty Triton cache (a fresh TRITON_CACHE_DIR: every kernel compiles, as on a new
-# install); the next WARM_RUNS reuse that cache. Each line also gives the engine core's share (spawn to ready; the
-# frontend's imports and config before the spawn are the rest). The engine core's INFO lines (compiles ahead,
+# install); the next WARM_RUNS reuse that cache. Each line also gives the engine core's share: from its spawn (which
+# comes before the frontend reads the model's config) to ready, the forkserver's preload included; the frontend's
+# imports before the spawn are the rest. The engine core's INFO lines (compiles ahead,
 # graph captures, warm-up, build time) are in $RESULTS/start_<run>.log, one line per start in
 # $RESULTS/serve_start.log.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
