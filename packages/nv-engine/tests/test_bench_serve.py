@@ -123,6 +123,31 @@ def test_bench_serve_chat_from_jsonl(server, tmp_path):
     assert result["output_lens"] == [4, 3, 2, 4] and all(n > 0 for n in result["input_lens"])
 
 
+def test_jsonl_extra_body_fields_reach_the_server(server, tmp_path):
+    """A line's extra_body is merged over the benchmark's own fields: max_tokens 1 overrides the line's 4, and a
+    field the server refuses fails only that request (400)."""
+    data = tmp_path / "extra.jsonl"
+    data.write_text('{"prompt": "Hello", "max_tokens": 4, "extra_body": {"max_tokens": 1}}\n'
+                    '{"prompt": "Hello", "max_tokens": 4, "extra_body": {"ignore_eos": true}}\n'
+                    '{"prompt": "Hello", "max_tokens": 4, "extra_body": {"logit_bias": {"x": 1}}}\n')
+    result_file = tmp_path / "extra.json"
+    assert cli.main(["bench", "serve", "--base-url", server.url, "--api-key", API_KEY, "--model", MODEL,
+                     "--endpoint", "/v1/chat/completions", "--dataset-name", "jsonl", "--dataset-path", str(data),
+                     "--num-prompts", "3", "--num-workers", "1", "--result-file", str(result_file)]) == 0
+    result = json.loads(result_file.read_text())
+    assert (result["completed"], result["failed"]) == (2, 1)
+    errors = result["errors"]
+    assert errors[:2] == ["", ""] and "HTTP 400" in errors[2] and "logit_bias" in errors[2]
+    assert result["output_lens"] == [1, 4, 0]
+
+
+def test_jsonl_extra_body_must_be_an_object(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "Hello", "extra_body": [1]}\n')
+    with pytest.raises(ValueError, match="line 1: extra_body must be a JSON object"):
+        BenchServeDataset.jsonl(str(data), 1, 4)
+
+
 def test_bench_serve_counts_failures(server, tmp_path):
     result_file = tmp_path / "bad.json"
     assert cli.main(["bench", "serve", "--base-url", server.url, "--api-key", "wrong", "--model", MODEL,

@@ -43,7 +43,8 @@ def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-name", choices=("headline", "random", "jsonl"), default="headline",
                    help="headline: the requests of `nv bench throughput`; random: --random-* lengths; "
                    "jsonl: text prompts from --dataset-path")
-    p.add_argument("--dataset-path", help="JSONL file, one {\"prompt\": TEXT, \"max_tokens\": N} a line")
+    p.add_argument("--dataset-path", help="JSONL file, one {\"prompt\": TEXT, \"max_tokens\": N} a line; a line's "
+                   "\"extra_body\" object adds request fields (response_format, ignore_eos, ...)")
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--random-input-len", type=int, default=1024)

@@ -112,6 +112,8 @@ class BenchServeClient:
             body["prompt"] = request.prompt
         if s.ignore_eos:
             body["ignore_eos"] = True
+        if request.extra_body:
+            body.update(request.extra_body)
         return body
 
     async def send(self, http: aiohttp.ClientSession, index: int, request: BenchServeRequest) -> RequestRecord:

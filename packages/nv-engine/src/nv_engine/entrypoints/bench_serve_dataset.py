@@ -1,5 +1,6 @@
 """The requests `nv bench serve` sends: the headline workload (the same generator as `nv bench throughput`),
-random token-id prompts of a given length (vLLM's `random` dataset shape), or text prompts from a JSONL file."""
+random token-id prompts of a given length (vLLM's `random` dataset shape), or text prompts from a JSONL file
+(each line may add request fields: a JSON schema, ignore_eos, ...)."""
 from __future__ import annotations
 
 import json
@@ -52,8 +53,9 @@ class BenchServeDataset:
 
     @classmethod
     def jsonl(cls, path: str, num_prompts: int, default_output_len: int) -> BenchServeDataset:
-        """One JSON object a line with a "prompt" (text) and optionally "max_tokens" or "output_len";
-        the first num_prompts lines (cycled when the file has fewer)."""
+        """One JSON object a line with a "prompt" (text) and optionally "max_tokens" or "output_len", and
+        "extra_body" (an object: more request fields, as the OpenAI client's extra_body, merged over the
+        benchmark's own); the first num_prompts lines (cycled when the file has fewer)."""
         lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
         found = []
         for number, line in enumerate(lines, start=1):
@@ -66,7 +68,10 @@ class BenchServeDataset:
             output_len = row.get("max_tokens", row.get("output_len", default_output_len))
             if not isinstance(output_len, int) or output_len < 1:
                 raise ValueError(f"{path} line {number}: max_tokens/output_len must be a positive integer")
-            found.append(BenchServeRequest(row["prompt"], output_len))
+            extra_body = row.get("extra_body")
+            if extra_body is not None and not isinstance(extra_body, dict):
+                raise ValueError(f"{path} line {number}: extra_body must be a JSON object")
+            found.append(BenchServeRequest(row["prompt"], output_len, extra_body=extra_body))
         if not found:
             raise ValueError(f"{path} holds no prompt")
         return cls("jsonl", [found[i % len(found)] for i in range(num_prompts)])

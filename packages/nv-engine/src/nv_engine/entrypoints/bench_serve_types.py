@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class BenchServeRequest:
-    """A prompt (token ids for /v1/completions, or text) and the tokens to ask for."""
+    """A prompt (token ids for /v1/completions, or text) and the tokens to ask for. extra_body: more fields of
+    the request body (a JSON schema's response_format, ignore_eos, ...), merged over the benchmark's own."""
 
     prompt: str | list[int]
     output_len: int
     prompt_len: int | None = None    # None for a text prompt: the server's usage tells
+    extra_body: dict | None = None
 
 
 @dataclass
