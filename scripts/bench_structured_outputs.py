@@ -223,6 +223,12 @@ def grammar_then_plain(llm: LLM, profile: StepProfile, batch: list[tuple[list[di
     return summary, plain
 
 
+def median_round(rounds: list[dict]) -> dict:
+    """The round whose "ratio" is the median (the upper one of an even count: a round that ran)."""
+    ordered = sorted(rounds, key=lambda r: r["ratio"])
+    return ordered[len(ordered) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Structured outputs against plain requests on SmolLM2 (bf16).")
     parser.add_argument("--gguf", default=None)
@@ -277,7 +283,7 @@ def main() -> None:
     summary_out: dict = {"rounds": rounds, "median_ratio": {}}
     for mode in modes:
         mine = sorted((r for r in rounds if r["fill"] == mode), key=lambda r: r["ratio"])
-        median = mine[len(mine) // 2]      # the upper median of an even count: a round that ran
+        median = median_round(mine)
         summary_out["median_ratio"][mode] = median["ratio"]
         print(f"fill {mode}: median grammar / plain output tok/s {median['ratio']:.3f} over {len(mine)} rounds "
               f"(all: {', '.join(format(r['ratio'], '.3f') for r in mine)})")

@@ -23,11 +23,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 
 import jsonschema
-from bench_structured_outputs import requests
+from bench_structured_outputs import median_round, requests
+from load_test import wait_healthy
 
 from nv_engine.checkpoints.gguf import default_gguf_path
 from nv_engine.entrypoints.bench_serve import run_clients
@@ -39,22 +39,6 @@ SERVED_NAME = "smollm2"
 
 def response_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-
-
-def wait_for_health(base_url: str, server: subprocess.Popen, timeout_s: float) -> float:
-    """Seconds until /health answered 200; RuntimeError if the server exits or the time runs out."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if server.poll() is not None:
-            raise RuntimeError(f"nv serve exited with {server.returncode} before it answered /health")
-        try:
-            with urllib.request.urlopen(base_url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return time.monotonic() - start
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"nv serve did not answer /health within {timeout_s:.0f} s")
 
 
 def validated(base_url: str, batch: list[tuple[list[dict], dict]], max_tokens: int) -> int:
@@ -106,7 +90,9 @@ def main() -> None:
                                str(args.concurrency), "--served-model-name", SERVED_NAME],
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        start_s = wait_for_health(base_url, server, 600.0)
+        started = time.monotonic()
+        wait_healthy(base_url, server, 600.0)
+        start_s = time.monotonic() - started
         valid = validated(base_url, batch[:8], args.max_tokens)
         print(f"nv serve answered after {start_s:.1f} s; {valid}/8 grammar answers stopped with JSON that fits",
               flush=True)
@@ -131,10 +117,9 @@ def main() -> None:
                            "mean_output_len": round(sum(lengths) / len(lengths), 1)})
             print(f"round {number}: grammar {grammar_rate:,.0f} / plain {plain_rate:,.0f} output tok/s = {ratio:.3f} "
                   f"(mean output {sum(lengths) / len(lengths):.1f} tokens)", flush=True)
-        ordered = sorted(rounds, key=lambda r: r["ratio"])
-        median = ordered[len(ordered) // 2]
+        median = median_round(rounds)
         print(f"median grammar / plain output tok/s over {len(rounds)} rounds: {median['ratio']:.3f} "
-              f"(all: {', '.join(format(r['ratio'], '.3f') for r in ordered)})")
+              f"(all: {', '.join(format(r['ratio'], '.3f') for r in rounds)})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"start_s": start_s, "valid_of_8": valid, "rounds": rounds,

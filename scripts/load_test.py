@@ -232,7 +232,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
+    """Until url's /health answers 200; SystemExit if proc exits first or the time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 vocab = json.loads(config.read_text()).get("vocab_size", args.prompt_vocab)
                 args.prompt_vocab = min(args.prompt_vocab, vocab)
             proc, url = start_server(model, args, server_args)
-        _wait_healthy(url, proc, args.startup_timeout)
+        wait_healthy(url, proc, args.startup_timeout)
         host, port = url.split("://", 1)[1].rsplit(":", 1)
         payloads = make_workload(args)
         warmup = args.concurrency if args.warmup is None else args.warmup
