@@ -111,6 +111,37 @@ def _normed(x, r, norm_w, rstd, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton_jit
+def k_step(gate, up, x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k0, k_hi,
+           M_PAD: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, GATED: tl.constexpr,
+           HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """One BLOCK_K step of _rows_times_x at k0 (its running sums gate / up in, updated sums out)."""
+    rk = tl.arange(0, BLOCK_K)
+    if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
+        x_mask = m_mask[:, None]
+        w_mask = n_mask[:, None]
+        k_mask = rk < BLOCK_K
+    else:
+        k_mask = (k0 + rk) < k_hi
+        x_mask = m_mask[:, None] & k_mask[None, :]
+        w_mask = n_mask[:, None] & k_mask[None, :]
+    x = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)                                  # [M_PAD, BLOCK_K]
+    w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)                                  # [BLOCK_N, BLOCK_K]
+    if HAS_NORM:
+        r = x
+        if HAS_RESIDUAL:
+            r = tl.load(r_ptrs + k0, mask=x_mask, other=0.0)
+        norm_w = tl.load(nw_ptrs + k0, mask=k_mask, other=0.0)                        # [BLOCK_K]
+        x = _normed(x, r, norm_w, rstd, HAS_RESIDUAL)
+    if GATED:   # both tiles' loads in flight before either is used
+        w_up = tl.load(w_ptrs + up_offset + k0, mask=w_mask, other=0.0)
+        gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
+        up = _accumulate(up, x, w_up, M_PAD, USE_DOT, DOT_IN_FP32)
+    else:
+        gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
+    return gate, up
+
+
+@triton_jit
 def _rows_times_x(x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi,
                   M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
                   GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -120,34 +151,13 @@ def _rows_times_x(x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_ma
     first. x_ptrs [M_PAD, BLOCK_K] (r_ptrs alike) and w_ptrs [BLOCK_N, BLOCK_K] point at k = 0..BLOCK_K-1
     of their rows, nw_ptrs [BLOCK_K] at the norm weight's. HAS_NORM: x is replaced by
     rms_norm(x (+ r)) * norm_w with the row's rstd [M_PAD]."""
-    rk = tl.arange(0, BLOCK_K)
     gate = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
     up = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
     # num_stages on the loop itself: the weight loads are software-pipelined (cp.async) on every path, not
     # only where they feed tl.dot
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
-        if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
-            x_mask = m_mask[:, None]
-            w_mask = n_mask[:, None]
-            k_mask = rk < BLOCK_K
-        else:
-            k_mask = (k0 + rk) < k_hi
-            x_mask = m_mask[:, None] & k_mask[None, :]
-            w_mask = n_mask[:, None] & k_mask[None, :]
-        x = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)                              # [M_PAD, BLOCK_K]
-        w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)                              # [BLOCK_N, BLOCK_K]
-        if HAS_NORM:
-            r = x
-            if HAS_RESIDUAL:
-                r = tl.load(r_ptrs + k0, mask=x_mask, other=0.0)
-            norm_w = tl.load(nw_ptrs + k0, mask=k_mask, other=0.0)                    # [BLOCK_K]
-            x = _normed(x, r, norm_w, rstd, HAS_RESIDUAL)
-        if GATED:   # both tiles' loads in flight before either is used
-            w_up = tl.load(w_ptrs + up_offset + k0, mask=w_mask, other=0.0)
-            gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
-            up = _accumulate(up, x, w_up, M_PAD, USE_DOT, DOT_IN_FP32)
-        else:
-            gate = _accumulate(gate, x, w, M_PAD, USE_DOT, DOT_IN_FP32)
+        gate, up = k_step(gate, up, x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k0, k_hi,
+                          M_PAD, BLOCK_K, USE_DOT, GATED, HAS_NORM, HAS_RESIDUAL, EVEN_K, DOT_IN_FP32)
     gate_sums = _reduced(gate, M_PAD, USE_DOT)
     up_sums = gate_sums
     if GATED:
