@@ -39,7 +39,13 @@ import triton
 import triton.language as tl
 
 from nv_kernels.skinny_gemm_kernel import _finish, _prefetch_weights, _reduced, _zero_sums, k_step
-from nv_kernels.triton_decode import _decode_tile, _norm_rope_rows, _store_new_token, scaled_query
+from nv_kernels.triton_decode import (
+    _decode_tile,
+    _norm_rope_rows,
+    _store_new_token,
+    merge_splits_if_last,
+    scaled_query,
+)
 
 
 @triton.jit
@@ -222,26 +228,8 @@ def _attention_phase(
             tl.store(PART_LSE + part + split, tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf")),
                      mask=row_mask)
             tl.store(PART_O + (part + split)[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
-            tl.debug_barrier()   # every thread's partial stores precede the release below
-            arrived = tl.atomic_add(COUNTERS + b * NUM_KV_HEADS + kv_head, 1, sem="acq_rel")
-            if arrived == NUM_SPLITS - 1:   # the last split: merge by log-sum-exp, as _decode_merge_kernel
-                m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-                for s in tl.static_range(NUM_SPLITS):   # unrolled: all loads in flight
-                    m = tl.maximum(m, tl.load(PART_LSE + part + s, mask=row_mask, other=float("-inf"),
-                                              cache_modifier=".cg"))
-                m = tl.where(m == float("-inf"), 0.0, m)
-                total = tl.zeros([GROUP_PAD], tl.float32)
-                merged = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-                for s in tl.static_range(NUM_SPLITS):
-                    w = tl.exp2(tl.load(PART_LSE + part + s, mask=row_mask, other=float("-inf"),
-                                        cache_modifier=".cg") - m)         # [GP]; 0 for empty splits
-                    o = tl.load(PART_O + (part + s)[:, None] * HEAD_DIM + d[None, :], mask=out_mask, other=0.0,
-                                cache_modifier=".cg")
-                    total += w
-                    merged += o * w[:, None]
-                merged = merged / tl.where(total > 0, total, 1.0)[:, None]
-                tl.store(attn_ptrs, merged.to(ATTN.dtype.element_ty), mask=out_mask)
-                tl.atomic_xchg(COUNTERS + b * NUM_KV_HEADS + kv_head, 0)   # ready for the next layer
+            merge_splits_if_last(PART_O, PART_LSE, COUNTERS + b * NUM_KV_HEADS + kv_head, attn_ptrs, part,
+                                 row_mask, d, out_mask, NUM_SPLITS, HEAD_DIM, GROUP_PAD, D_PAD)
 
 
 @triton.jit(do_not_specialize=["M", "stride_tb"])   # batch and table width vary: one variant per M bucket

@@ -3,7 +3,8 @@
 Stage 1: one program per (sequence, KV head, split). The Hq/Hkv query heads that share the KV head
 are the rows of one tile, so every KV byte is read once for all of them. Each split covers
 cdiv(seq_len, NUM_SPLITS) tokens of its own sequence (read in-kernel), so the launch grid depends
-only on (B, Hkv, NUM_SPLITS): CUDA-graph safe. Stage 2 merges the splits by log-sum-exp.
+only on (B, Hkv, NUM_SPLITS): CUDA-graph safe. The last split of a (sequence, KV head) to finish merges
+the splits by log-sum-exp in the same kernel (an arrival counter per pair, back at 0 after each merge).
 Ideas from SGLang / LightLLM two-stage decode and vLLM's triton_unified_attention (no code copied).
 An FP8 cache is dequantized in registers with no per-element scale: k_scale[h, :] (per channel, or one
 number) multiplies q once per program and v_scale[h, :] the output once (both read from device memory:
@@ -30,9 +31,14 @@ from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
+from nv_kernels.split_k_workspace import SplitKWorkspace
 from nv_kernels.triton_store import quantize_to
 
 LOG2E = 1.4426950408889634
+# Arrival counters of the in-kernel merge, per (sequence, KV head); allocated this large at the first call so
+# that they never grow while a CUDA graph is captured.
+MIN_COUNTERS = 1 << 16
+_WORKSPACE = SplitKWorkspace()
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
 
 
@@ -172,7 +178,7 @@ def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot,
 
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, K_SCALE, V_SCALE, qk_scale,
+    Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, COUNTERS, K_SCALE, V_SCALE, qk_scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_tb, stride_ob, stride_oh, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
     K_NEW, V_NEW, POS, SLOTS, COS_SIN, QW, KW, eps, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cos,
@@ -238,39 +244,44 @@ def _decode_split_kernel(
     if FP8:
         out = out * tl.load(V_SCALE + kv_head * stride_vsh + d * stride_vsd, mask=d_mask, other=0.0)[None, :]
     out_mask = row_mask[:, None] & d_mask[None, :]
+    out_ptrs = OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
     if NUM_SPLITS == 1:
-        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 out.to(OUT.dtype.element_ty), mask=out_mask)
+        tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=out_mask)
     else:
         lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))  # [GP]
-        part = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [GP] rows of [B, Hq, S]
-        tl.store(PART_LSE + part, lse, mask=row_mask)
-        tl.store(PART_O + part[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
+        part = (b * NUM_Q_HEADS + heads) * NUM_SPLITS  # [GP] first split's row of each head in [B, Hq, S]
+        tl.store(PART_LSE + part + split, lse, mask=row_mask)
+        tl.store(PART_O + (part + split)[:, None] * HEAD_DIM + d[None, :], out, mask=out_mask)
+        merge_splits_if_last(PART_O, PART_LSE, COUNTERS + b * tl.num_programs(1) + kv_head, out_ptrs, part,
+                             row_mask, d, out_mask, NUM_SPLITS, HEAD_DIM, GROUP_PAD, D_PAD)
 
 
 @triton.jit
-def _decode_merge_kernel(
-    PART_O, PART_LSE, OUT, stride_ob, stride_oh,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, D_PAD)
-    row = (b * NUM_Q_HEADS + head) * NUM_SPLITS + s  # [S]
-    lse = tl.load(PART_LSE + row, mask=s < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # [S]; 0 for empty splits
-    o = tl.load(PART_O + row[:, None] * HEAD_DIM + d[None, :],
-                mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)  # [S, D]
-    total = tl.sum(w, 0)
-    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(OUT + b * stride_ob + head * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
+def merge_splits_if_last(PART_O, PART_LSE, COUNTER, out_ptrs, part, row_mask, d, out_mask,
+                         NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP_PAD: tl.constexpr,
+                         D_PAD: tl.constexpr):
+    """After a split program stored its partials (PART_O rows part + split, [GP, D]; PART_LSE alike): bump the
+    (sequence, KV head)'s arrival COUNTER; the last split to arrive merges all splits by log-sum-exp into out_ptrs
+    [GP, D] (reading them in split order: the result does not depend on which came last) and puts the counter back
+    to 0. One kernel instead of a split kernel and a merge kernel."""
+    tl.debug_barrier()   # every thread's partial stores precede the release below
+    arrived = tl.atomic_add(COUNTER, 1, sem="acq_rel")
+    if arrived == NUM_SPLITS - 1:   # the others' partials are visible (acquire); .cg: read L2, not a stale L1
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        for s in tl.static_range(NUM_SPLITS):   # unrolled: all loads in flight
+            m = tl.maximum(m, tl.load(PART_LSE + part + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.zeros([GROUP_PAD], tl.float32)
+        merged = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+        for s in tl.static_range(NUM_SPLITS):
+            w = tl.exp2(tl.load(PART_LSE + part + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg") - m)
+            o = tl.load(PART_O + (part + s)[:, None] * HEAD_DIM + d[None, :], mask=out_mask, other=0.0,
+                        cache_modifier=".cg")                               # [GP, D]; w is 0 for empty splits
+            total += w
+            merged += o * w[:, None]
+        merged = merged / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptrs, merged.to(out_ptrs.dtype.element_ty), mask=out_mask)
+        tl.atomic_xchg(COUNTER, 0)
 
 
 def compute_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> tl.dtype:
@@ -331,6 +342,7 @@ def decode_attention(
     pdl = launch_options(q.device, batch)
     _decode_split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
+        _WORKSPACE.counters(q.device, max(batch * hkv, MIN_COUNTERS)),
         seq_lens if k_scale is None else k_scale, seq_lens if v_scale is None else v_scale, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         block_tables.stride(0), out.stride(0), out.stride(1), *k_strides, *v_strides,
@@ -342,10 +354,4 @@ def decode_attention(
         FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0, num_warps=num_warps or 4,
         num_stages=num_stages or (4 if tile > block_size >= 32 and not fp8 else 2), **pdl,
     )
-    if num_splits > 1:
-        _decode_merge_kernel[(batch, hq)](
-            part_o, part_lse, out, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=hq, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=num_splits,
-            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=4, **pdl,
-        )
     return out

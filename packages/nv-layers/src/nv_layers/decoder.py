@@ -209,6 +209,7 @@ class DecoderLayer(nn.Module):
                             down=mlp.down_proj.weight, cos_sin_cache=attn.rotary_emb.cos_sin_cache,
                             num_q_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
                             eps=self.input_layernorm.eps, **qk)
+        layer.check()
         return layer(hidden, residual, k_cache=attn.attn.k_cache, v_cache=attn.attn.v_cache, seq_lens=ctx.seq_lens,
                      block_tables=ctx.block_tables, positions=positions, slot_mapping=ctx.slot_mapping,
                      max_seqlen_k=ctx.max_seqlen_k, scale=attn.attn.scale, **attn.attn.kv_scale_kwargs())
