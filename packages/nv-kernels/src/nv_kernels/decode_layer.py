@@ -8,17 +8,25 @@ a drain), and a layer needs six of them; the layer's weights (31.5 MB at the Qwe
 Here the phases are separated by grid barriers in one resident grid, and every program asks L2 for all the
 weight rows it will need before the first phase, so HBM streams the whole layer while the phases run.
 Idea from persistent "megakernels" (Hazy Research's no-bubbles Llama-1B forward, Mirage); no code taken.
+Measured on the H200 (BENCHMARKS.md, eleventh pass): 37.8 us per layer at one row against ~32 us for the separate
+kernels; each grid barrier costs 2-5 us and the phases stream no faster than the separate kernels. So the
+layers use it only with NV_DECODE_LAYER=1.
 
 For 1..MAX_ROWS rows (tokens), bf16 / fp16 weights without biases, rotary over the whole head, a 16-bit or FP8
-cache in the layouts of nv_kernels.kv_layout. The grid has exactly one program per SM, so it must run alone on
-its stream's device (as every decode kernel does: one stream per device). Numerics are the separate kernels'
-(skinny GEMM, fused decode): equal up to the order of fp32 sums.
+cache in the layouts of nv_kernels.kv_layout. The grid has as many programs as can all be resident at once (at
+most MAX_PROGRAMS_PER_SM per SM, checked against the compiled variant), so it must run alone on its stream's
+device (as every decode kernel does: one stream per device). Numerics are the separate kernels' (skinny GEMM,
+fused decode): equal up to the order of fp32 sums.
 """
+# The Triton launch: pyright cannot type a @triton.jit call's constexpr and launch keywords.
+# pyright: reportArgumentType=false, reportCallIssue=false
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -91,7 +99,7 @@ def choose_splits(rows: int, num_kv_heads: int, max_seqlen_k: int, programs: int
     return 1 << (splits.bit_length() - 1)
 
 
-def _resident_per_sm(kernel, device: torch.device, num_warps: int) -> int:
+def _resident_per_sm(kernel: Any, device: torch.device, num_warps: int) -> int:
     """Programs of a compiled kernel that fit on one SM at once (registers, shared memory, threads)."""
     key = (id(kernel), device)
     if key not in _RESIDENT:
@@ -160,7 +168,7 @@ class DecodeLayer:
                              f"cos_sin_cache [P, {d}], got {tuple(self.cos_sin_cache.shape)}")
 
     @staticmethod
-    def _programs_per_sm(launch, sms: int, device: torch.device, num_warps: int) -> int:
+    def _programs_per_sm(launch: Callable[[int, bool], Any], sms: int, device: torch.device, num_warps: int) -> int:
         """The most programs per SM (MAX_PROGRAMS_PER_SM, halved until it fits) that are all resident at once,
         from the compiled variant's registers and shared memory: a program that could not start would never
         arrive at the grid barrier. Cached per variant."""

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -132,7 +133,7 @@ def decoder_layer_reference(w: dict[str, Tensor | None], x: Tensor, residual: Te
 
     head_dim = k_cache.shape[-1]
     if residual is None:
-        r1, h = x, rms_norm_torch(x, weight("input_norm"), eps)
+        r1, h = x, cast(Tensor, rms_norm_torch(x, weight("input_norm"), eps))
     else:
         h, r1 = rms_norm_torch(x, weight("input_norm"), eps, residual)
     q, k, v = F.linear(h, weight("qkv")).split(

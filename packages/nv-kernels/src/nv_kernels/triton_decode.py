@@ -268,12 +268,12 @@ def merge_splits_if_last(PART_O, PART_LSE, COUNTER, out_ptrs, part, row_mask, d,
     arrived = tl.atomic_add(COUNTER, 1, sem="acq_rel")
     if arrived == NUM_SPLITS - 1:   # the others' partials are visible (acquire); .cg: read L2, not a stale L1
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        for s in tl.static_range(NUM_SPLITS):   # unrolled: all loads in flight
+        for s in tl.static_range(NUM_SPLITS):  # pyright: ignore[reportGeneralTypeIssues]  (unrolled: loads in flight)
             m = tl.maximum(m, tl.load(PART_LSE + part + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg"))
         m = tl.where(m == float("-inf"), 0.0, m)
         total = tl.zeros([GROUP_PAD], tl.float32)
         merged = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-        for s in tl.static_range(NUM_SPLITS):
+        for s in tl.static_range(NUM_SPLITS):  # pyright: ignore[reportGeneralTypeIssues]
             w = tl.exp2(tl.load(PART_LSE + part + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg") - m)
             o = tl.load(PART_O + (part + s)[:, None] * HEAD_DIM + d[None, :], mask=out_mask, other=0.0,
                         cache_modifier=".cg")                               # [GP, D]; w is 0 for empty splits

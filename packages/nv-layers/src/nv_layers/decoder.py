@@ -203,16 +203,19 @@ class DecoderLayer(nn.Module):
         from nv_kernels.decode_layer import DecodeLayer
 
         attn, mlp = self.self_attn, self.mlp
-        qk = dict(q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight, qk_eps=attn.q_norm.eps) if attn.qk_norm else {}
         layer = DecodeLayer(input_norm=self.input_layernorm.weight, post_norm=self.post_attention_layernorm.weight,
                             qkv=attn.qkv_proj.weight, o=attn.o_proj.weight, gate_up=mlp.gate_up_proj.weight,
                             down=mlp.down_proj.weight, cos_sin_cache=attn.rotary_emb.cos_sin_cache,
                             num_q_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-                            eps=self.input_layernorm.eps, **qk)
+                            eps=self.input_layernorm.eps, q_norm=attn.q_norm.weight if attn.qk_norm else None,
+                            k_norm=attn.k_norm.weight if attn.qk_norm else None,
+                            qk_eps=attn.q_norm.eps if attn.qk_norm else self.input_layernorm.eps)
         layer.check()
+        scales = attn.attn.kv_scale_kwargs()
         return layer(hidden, residual, k_cache=attn.attn.k_cache, v_cache=attn.attn.v_cache, seq_lens=ctx.seq_lens,
                      block_tables=ctx.block_tables, positions=positions, slot_mapping=ctx.slot_mapping,
-                     max_seqlen_k=ctx.max_seqlen_k, scale=attn.attn.scale, **attn.attn.kv_scale_kwargs())
+                     max_seqlen_k=ctx.max_seqlen_k, scale=attn.attn.scale, k_scale=scales.get("k_scale"),
+                     v_scale=scales.get("v_scale"))
 
     def _norms_fuse_into_gemms(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """Decode batch sizes on CUDA (nv_kernels.skinny_gemm): each add + RMSNorm runs in the prologue of
