@@ -30,7 +30,7 @@ L1 line can be hit; split-K partial sums and attention splits are read with .cg.
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
 # pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
-# pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
+# pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false, reportGeneralTypeIssues=false
 # pyright: reportAttributeAccessIssue=false
 # (that last one: tl.extra.cuda, which triton exposes at run time only)
 from __future__ import annotations
@@ -39,13 +39,7 @@ import triton
 import triton.language as tl
 
 from nv_kernels.skinny_gemm_kernel import _finish, _prefetch_weights, _reduced, _zero_sums, k_step
-from nv_kernels.triton_decode import (
-    _decode_tile,
-    _norm_rope_rows,
-    _store_new_token,
-    merge_splits_if_last,
-    scaled_query,
-)
+from nv_kernels.triton_decode import attend_split, merge_splits_if_last, rope_query_store_new, scaled_query
 
 
 @triton.jit
@@ -187,35 +181,17 @@ def _attention_phase(
         start = split * per_split
         end = tl.maximum(tl.minimum(start + per_split, seq_len), start)   # an empty split: end == start
         heads = kv_head * GROUP + rows                                    # [GP]
-        pos = tl.maximum(tl.load(POS + b), 0)
-        c = COS_SIN + pos * stride_cos + d % HALF
-        cos = tl.load(c, mask=d_mask, other=0.0).to(tl.float32)          # [D] halves repeated
-        sin = tl.load(c + HALF, mask=d_mask, other=0.0).to(tl.float32)
-        q = _norm_rope_rows(QKV + b.to(tl.int64) * stride_qm, heads * HEAD_DIM, row_mask, d, QW, cos, sin, eps,
-                            HEAD_DIM, HALF, HAS_NORM)                    # [GP, D]
-        slot = tl.load(SLOTS + b)
-        if (seq_len - 1 >= start) & (seq_len - 1 < end) & (slot >= 0):
-            _store_new_token(K, V, QKV + k_offset, QKV + v_offset, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows,
-                             d, cos, sin, eps, stride_qm, HEAD_DIM, stride_qm, HEAD_DIM, stride_cb, stride_cs,
-                             stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd,
-                             stride_vsh, stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM, FP8_MAX)
-        tl.debug_barrier()   # the program's stores above precede its loads of the cache below
+        q = rope_query_store_new(QKV + b.to(tl.int64) * stride_qm, heads * HEAD_DIM, row_mask, rows, d, d_mask, POS,
+                                 SLOTS, COS_SIN, stride_cos, QW, KW, eps, K, V, QKV + k_offset, QKV + v_offset,
+                                 K_SCALE, V_SCALE, b, kv_head, seq_len, start, end, stride_qm, HEAD_DIM, stride_qm,
+                                 HEAD_DIM, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                                 stride_ksh, stride_ksd, stride_vsh, stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM,
+                                 FP8_MAX)                                 # [GP, D]
         q = scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8, COMPUTE)
-        table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-        full_end = start + (end - start) // TILE * TILE
-        for n0 in range(start, full_end, TILE):
-            acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
-                                         stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh,
-                                         stride_vd, qk_scale, BLOCK_SIZE, TILE, False, V_TOKEN_MAJOR, PRECISION,
-                                         COMPUTE)
-        for n0 in range(full_end, end, TILE):   # at most one partial tile
-            acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
-                                         stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh,
-                                         stride_vd, qk_scale, BLOCK_SIZE, TILE, True, V_TOKEN_MAJOR, PRECISION,
-                                         COMPUTE)
+        acc, m_i, l_i = attend_split(q, K, V, BLOCK_TABLES + b.to(tl.int64) * stride_tb, start, end, kv_head, d,
+                                     d_mask, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh,
+                                     stride_vd, qk_scale, GROUP_PAD, D_PAD, BLOCK_SIZE, TILE, V_TOKEN_MAJOR, PRECISION,
+                                     COMPUTE)
         safe_l = tl.where(l_i > 0, l_i, 1.0)
         out = acc / safe_l[:, None]                                       # [GP, D]
         if FP8:

@@ -176,6 +176,53 @@ def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot,
     tl.store(v_dst, quantize_to(v, v_scales, m, FP8_MAX, V.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def rope_query_store_new(Q_ROW, q_offs, row_mask, rows, d, d_mask, POS, SLOTS, COS_SIN, stride_cos, QW, KW, eps,
+                         K, V, K_NEW, V_NEW, K_SCALE, V_SCALE, b, kv_head, seq_len, start, end,
+                         stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
+                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
+                         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                         HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr):
+    """The fused decode's start (decode_rope.py) for the split [start, end) of sequence b: its query rows (raw
+    heads at Q_ROW + q_offs) normed and rotated -> [GP, D]; when the split holds the new token (seq_len - 1) and
+    SLOTS[b] >= 0, that token's k (normed, rotated) and v stored into the cache first."""
+    pos = tl.maximum(tl.load(POS + b), 0)
+    c = COS_SIN + pos * stride_cos + d % HALF
+    cos = tl.load(c, mask=d_mask, other=0.0).to(tl.float32)                       # [D] halves repeated
+    sin = tl.load(c + HALF, mask=d_mask, other=0.0).to(tl.float32)
+    q = _norm_rope_rows(Q_ROW, q_offs, row_mask, d, QW, cos, sin, eps, HEAD_DIM, HALF, HAS_NORM)   # [GP, D]
+    slot = tl.load(SLOTS + b)
+    if (seq_len - 1 >= start) & (seq_len - 1 < end) & (slot >= 0):
+        _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos, sin, eps,
+                         stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
+                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh,
+                         stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM, FP8_MAX)
+    tl.debug_barrier()   # the CTA's stores above precede its loads of the cache after this
+    return q
+
+
+@triton.jit
+def attend_split(q, K, V, table_row, start, end, kv_head, d, d_mask, stride_cb, stride_cs, stride_ch,
+                 stride_vb, stride_vs, stride_vh, stride_vd, qk_scale, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
+                 PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
+    """Online softmax of q [GP, D] over tokens [start, end) of one sequence's KV head -> (unnormalised output
+    [GP, D], running max [GP], running sum [GP]), log2 units. Whole tiles unmasked, then at most one partial."""
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    full_end = start + (end - start) // TILE * TILE   # tiles before it lie inside the split: no masks
+    for n0 in range(start, full_end, TILE):
+        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
+                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                                     qk_scale, BLOCK_SIZE, TILE, False, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+    for n0 in range(full_end, end, TILE):   # at most one partial tile
+        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
+                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                                     qk_scale, BLOCK_SIZE, TILE, True, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+    return acc, m_i, l_i
+
+
 @triton.jit(do_not_specialize=["stride_tb"])  # table width varies (eager steps): one variant for all
 def _decode_split_kernel(
     Q, K, V, BLOCK_TABLES, SEQ_LENS, OUT, PART_O, PART_LSE, COUNTERS, K_SCALE, V_SCALE, qk_scale,
@@ -207,38 +254,21 @@ def _decode_split_kernel(
     d = tl.arange(0, D_PAD)
     d_mask = d < HEAD_DIM
     if ROPE:
-        pos = tl.maximum(tl.load(POS + b), 0)
-        c = COS_SIN + pos * stride_cos + d % HALF
-        cos = tl.load(c, mask=d_mask, other=0.0).to(tl.float32)                       # [D] halves repeated
-        sin = tl.load(c + HALF, mask=d_mask, other=0.0).to(tl.float32)
-        q = _norm_rope_rows(Q + b.to(tl.int64) * stride_qb, heads * stride_qh, row_mask, d, QW, cos, sin, eps,
-                            HEAD_DIM, HALF, HAS_NORM)                                 # [GP, D]
-        slot = tl.load(SLOTS + b)
-        if (seq_len - 1 >= start) & (seq_len - 1 < end) & (slot >= 0):
-            _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos, sin, eps,
-                             stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
-                             stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh,
-                             stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM, FP8_MAX)
-        tl.debug_barrier()   # the CTA's stores above precede its loads of the cache below
+        q = rope_query_store_new(Q + b.to(tl.int64) * stride_qb, heads * stride_qh, row_mask, rows, d, d_mask, POS,
+                                 SLOTS, COS_SIN, stride_cos, QW, KW, eps, K, V, K_NEW, V_NEW, K_SCALE, V_SCALE, b,
+                                 kv_head, seq_len, start, end, stride_knb, stride_knh, stride_vnb, stride_vnh,
+                                 stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                                 stride_ksh, stride_ksd, stride_vsh, stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF,
+                                 HAS_NORM, FP8_MAX)                                   # [GP, D]
     else:
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                     mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [GP, D]
     q = scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8, COMPUTE)
     table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
 
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    full_end = start + (end - start) // TILE * TILE   # tiles before it lie inside the split: no masks
-    for n0 in range(start, full_end, TILE):
-        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
-                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
-                                     qk_scale, BLOCK_SIZE, TILE, False, V_TOKEN_MAJOR, PRECISION, COMPUTE)
-    for n0 in range(full_end, end, TILE):   # at most one partial tile
-        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
-                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
-                                     qk_scale, BLOCK_SIZE, TILE, True, V_TOKEN_MAJOR, PRECISION, COMPUTE)
-
+    acc, m_i, l_i = attend_split(q, K, V, table_row, start, end, kv_head, d, d_mask, stride_cb, stride_cs,
+                                 stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale, GROUP_PAD, D_PAD,
+                                 BLOCK_SIZE, TILE, V_TOKEN_MAJOR, PRECISION, COMPUTE)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]  # [GP, D]; zero for an empty split or seq_len 0
     if FP8:
