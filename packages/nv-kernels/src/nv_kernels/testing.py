@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -147,6 +147,38 @@ def decoder_layer_reference(w: dict[str, Tensor | None], x: Tensor, residual: Te
     gate, up = F.linear(h2, weight("gate_up")).chunk(2, dim=-1)
     act = (F.silu(gate.float()).to(x.dtype).float() * up.float()).to(x.dtype)
     return F.linear(act, weight("down")), r2
+
+
+def compile_for_gpu(kernel: Any, args: tuple, kwargs: dict[str, Any], capability: int = 90) -> Any:
+    """Compile a @triton.jit kernel (not interpreted) for an NVIDIA GPU of this compute capability from the
+    arguments of one launch, without a GPU: Triton's front end, its passes and ptxas run on the host. Catches
+    what the interpreter cannot (constexpr errors, types, layouts). Returns the compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    types = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+             torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.uint8: "u8"}
+    bound = dict(zip(kernel.arg_names, args, strict=False))
+    bound.update({k: v for k, v in kwargs.items() if k in kernel.arg_names})
+    options = {k: v for k, v in kwargs.items() if k not in kernel.arg_names and k != "launch_pdl"}
+    signature: dict[str, str] = {}
+    constexprs: dict[tuple[int, ...], Any] = {}
+    for i, param in enumerate(kernel.params):
+        value = bound[param.name]
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[(i,)] = value
+        elif isinstance(value, Tensor):
+            signature[param.name] = "*" + types[value.dtype]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+        else:
+            signature[param.name] = "fp32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
 def relative_error(out: Tensor, ref: Tensor) -> float:

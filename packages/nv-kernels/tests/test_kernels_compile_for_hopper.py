@@ -1,0 +1,87 @@
+"""The decode step's large Triton kernels compile for Hopper (sm_90) on a machine without a GPU: the split decode
+(plain and finishing q / k itself) and the persistent decoder layer (one row on the CUDA cores, 16 on the tensor
+cores), with the launch options the GPU uses (dependent launch, L2 prefetch, Qwen3-0.6B shapes). The CPU suite
+runs kernels in Triton's interpreter, which accepts code the compiler refuses (a constexpr that is not one, a
+type mismatch between branches); this compiles them for real in a subprocess without TRITON_INTERPRET."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _ptxas_available() -> bool:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return False
+    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+@pytest.mark.slow   # about 40 s on two cores
+@pytest.mark.skipif(not _ptxas_available(), reason="needs triton with its NVIDIA backend (ptxas)")
+def test_decode_kernels_compile_for_sm90(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)          # compile, never reuse a cached binary
+    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "compiled 4 kernels" in result.stdout
+
+
+def _compile_all() -> None:
+    import torch
+
+    import nv_kernels.decode_layer as decode_layer
+    import nv_kernels.triton_decode as triton_decode
+    from nv_kernels.decode_rope import DecodeRope
+    from nv_kernels.testing import compile_for_gpu, random_paged_batch
+
+    launches: list[tuple[Any, tuple, dict[str, Any]]] = []
+
+    class Capture:
+        """Stands in for a kernel: records each launch's arguments instead of running it."""
+
+        def __init__(self, kernel: Any) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: tuple) -> Any:
+            return lambda *args, **kwargs: launches.append((self.kernel, args, kwargs))
+
+    decode_layer.decode_layer_kernel = Capture(decode_layer.decode_layer_kernel)
+    triton_decode._decode_split_kernel = Capture(triton_decode._decode_split_kernel)
+    hidden, hq, hkv, d, inter = 1024, 16, 8, 128, 3072
+    bf16 = torch.bfloat16
+
+    def zeros(*shape: int, dtype: torch.dtype = bf16) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=dtype)
+
+    layer = decode_layer.DecodeLayer(
+        input_norm=zeros(hidden), post_norm=zeros(hidden), qkv=zeros((hq + 2 * hkv) * d, hidden),
+        o=zeros(hidden, hq * d), gate_up=zeros(2 * inter, hidden), down=zeros(hidden, inter),
+        cos_sin_cache=zeros(4096, d, dtype=torch.float32), num_q_heads=hq, num_kv_heads=hkv, head_dim=d, eps=1e-6,
+        q_norm=zeros(d), k_norm=zeros(d))
+    for rows in (1, 16):
+        b = random_paged_batch([100] * rows, [1] * rows, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                               block_size=16, dtype=bf16)
+        x = zeros(rows, hidden)
+        layer(x, x, k_cache=b.k_cache, v_cache=b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+              positions=b.seq_lens.long(), slot_mapping=b.slot_mapping, max_seqlen_k=4096, scale=0.088, programs=264)
+        rope = None if rows == 16 else DecodeRope(
+            k=zeros(rows, hkv, d), v=zeros(rows, hkv, d), positions=b.seq_lens.long(), slot_mapping=b.slot_mapping,
+            cos_sin_cache=zeros(4096, d, dtype=torch.float32), q_weight=zeros(d), k_weight=zeros(d))
+        triton_decode.decode_attention(zeros(rows, hq, d), b.k_cache, b.v_cache, b.seq_lens, b.block_tables, 4096,
+                                       0.088, num_splits=4, rope=rope)
+    for kernel, args, kwargs in launches:
+        # the GPU's choices where the CPU launchers pick the interpreter's
+        on_gpu = dict(kwargs, USE_PDL=True, TILE=32)
+        on_gpu.update({k: v for k, v in (("PREFETCH", True), ("DOT_IN_FP32", False)) if k in kwargs})
+        compile_for_gpu(kernel, args, on_gpu)
+    print(f"compiled {len(launches)} kernels")
+
+
+if __name__ == "__main__":
+    _compile_all()
