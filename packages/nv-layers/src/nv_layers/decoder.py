@@ -163,9 +163,10 @@ class DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # the residual add is fused into the next norm: returns (mlp output, residual stream so far)
-        ctx = current_forward_context()
-        if ctx is not None and self._runs_as_one_kernel(ctx, hidden):
-            return self._forward_as_one_kernel(ctx, positions, hidden, residual)
+        if DECODE_LAYER:
+            ctx = current_forward_context()
+            if ctx is not None and self._runs_as_one_kernel(ctx, hidden):
+                return self._forward_as_one_kernel(ctx, positions, hidden, residual)
         if self._norms_fuse_into_gemms(hidden, residual):
             return self._forward_norms_in_gemms(positions, hidden, residual)
         if residual is None:
@@ -177,11 +178,9 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), stream
 
     def _runs_as_one_kernel(self, ctx: ForwardContext, hidden: torch.Tensor) -> bool:
-        """NV_DECODE_LAYER=1 and a decode step of 1..MAX_ROWS tokens on one GPU (fused ops on), bf16 / fp16 weights
+        """(With NV_DECODE_LAYER=1.) A decode step of 1..MAX_ROWS tokens on one GPU (fused ops on), bf16 / fp16 weights
         without biases, rotary over the whole head, a cache the Triton decode reads (16-bit in the model dtype, or
         FP8 once its scales are set: not while they are calibrated)."""
-        if not DECODE_LAYER:
-            return False
         from nv_kernels.decode_layer import MAX_ROWS
 
         attn, mlp = self.self_attn, self.mlp
