@@ -15,7 +15,7 @@ import json
 import torch
 
 from nv_kernels.decode_layer import DecodeLayer
-from nv_kernels.testing import random_paged_batch
+from nv_kernels.testing import random_paged_batch, rotary_cos_sin
 
 SHAPES = {"0.6b": (1024, 16, 8, 128, 3072, 28), "8b": (4096, 32, 8, 128, 12288, 36)}
 PHASES = ["wait", "A qkv", "sync", "B attention", "sync", "C o", "sync", "D gate_up", "sync", "E down"]
@@ -23,9 +23,7 @@ PHASES = ["wait", "A qkv", "sync", "B attention", "sync", "C o", "sync", "D gate
 
 def build(shape: str, rows: int, context: int, block_size: int):
     hidden, hq, hkv, d, inter, layers = SHAPES[shape]
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2).float() / d))
-    freqs = torch.outer(torch.arange(8192).float(), inv_freq)
-    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).cuda()
+    cos_sin = rotary_cos_sin(8192, d, base=1e6, device="cuda")
 
     def rand(*size: int) -> torch.Tensor:
         return (torch.randn(*size, device="cuda") * size[-1] ** -0.5).to(torch.bfloat16)

@@ -15,7 +15,13 @@ import torch
 
 from nv_kernels.kv_layout import to_token_major
 from nv_kernels.kv_quant import dequantize, quantize
-from nv_kernels.testing import decoder_layer_reference, interpreted_triton_modules, random_paged_batch, relative_error
+from nv_kernels.testing import (
+    decoder_layer_reference,
+    interpreted_triton_modules,
+    random_paged_batch,
+    relative_error,
+    rotary_cos_sin,
+)
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 H, HQ, HKV, D, INTER = 64, 4, 2, 16, 96
@@ -26,12 +32,6 @@ EPS = 1e-6
 def layer_module() -> Iterator[ModuleType]:
     with interpreted_triton_modules("nv_kernels.decode_layer") as (module,):
         yield module
-
-
-def _cos_sin(positions: int, dim: int) -> torch.Tensor:
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
-    freqs = torch.outer(torch.arange(positions).float(), inv_freq)             # [P, D/2]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)                       # [P, D]
 
 
 def _weights(dtype: torch.dtype, qk_norm: bool, seed: int) -> dict:
@@ -46,7 +46,7 @@ def _weights(dtype: torch.dtype, qk_norm: bool, seed: int) -> dict:
                 gate_up=rand(2 * INTER, H, scale=0.2), down=rand(H, INTER, scale=0.2),
                 q_norm=(torch.rand(D, generator=gen) + 0.5).to(dtype) if qk_norm else None,
                 k_norm=(torch.rand(D, generator=gen) + 0.5).to(dtype) if qk_norm else None,
-                cos_sin_cache=_cos_sin(256, D))
+                cos_sin_cache=rotary_cos_sin(256, D))
 
 
 def _reference(w: dict, x: torch.Tensor, residual: torch.Tensor | None, batch, k_cache, v_cache,

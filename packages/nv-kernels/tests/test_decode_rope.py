@@ -14,7 +14,7 @@ from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.fused_rope import qk_norm_rope_torch
 from nv_kernels.kv_layout import to_token_major
 from nv_kernels.kv_quant import dequantize, quantize
-from nv_kernels.testing import interpreted_triton_modules, random_paged_batch, relative_error
+from nv_kernels.testing import interpreted_triton_modules, random_paged_batch, relative_error, rotary_cos_sin
 from nv_kernels.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -38,12 +38,6 @@ def decode_module(modules: tuple[ModuleType, ModuleType]) -> ModuleType:
     return modules[1]
 
 
-def _cos_sin(positions: int, dim: int) -> torch.Tensor:
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
-    freqs = torch.outer(torch.arange(positions).float(), inv_freq)             # [P, D/2]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)                       # [P, D]
-
-
 def _case(seq_lens: list[int], block_size: int, dtype: torch.dtype, norm: bool, seed: int):
     b = random_paged_batch(seq_lens, [1] * len(seq_lens), num_q_heads=HQ, num_kv_heads=HKV, head_dim=D,
                            block_size=block_size, seed=seed)
@@ -53,7 +47,7 @@ def _case(seq_lens: list[int], block_size: int, dtype: torch.dtype, norm: bool, 
     q, k, v = (t.view(batch, -1, D) for t in qkv.split([HQ * D, HKV * D, HKV * D], dim=-1))   # strided views
     weights = [(torch.rand(D, generator=gen) + 0.5).to(dtype) for _ in range(2)] if norm else [None, None]
     rope = DecodeRope(k=k, v=v, positions=(b.seq_lens - 1).long(), slot_mapping=b.slot_mapping.clone(),
-                      cos_sin_cache=_cos_sin(256, D), q_weight=weights[0], k_weight=weights[1], eps=1e-6)
+                      cos_sin_cache=rotary_cos_sin(256, D), q_weight=weights[0], k_weight=weights[1], eps=1e-6)
     return b, q, rope
 
 

@@ -7,18 +7,12 @@ import torch
 
 from nv_kernels.kv_layout import to_token_major
 from nv_kernels.kv_quant import dequantize, quantize
-from nv_kernels.testing import decoder_layer_reference, random_paged_batch, relative_error
+from nv_kernels.testing import decoder_layer_reference, random_paged_batch, relative_error, rotary_cos_sin
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 # (hidden, q heads, KV heads, head_dim, intermediate): Qwen3-0.6B and Qwen3-8B
 SHAPES = {"0.6b": (1024, 16, 8, 128, 3072), "8b": (4096, 32, 8, 128, 12288)}
 EPS = 1e-6
-
-
-def _cos_sin(positions: int, dim: int) -> torch.Tensor:
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, dim, 2).float() / dim))
-    freqs = torch.outer(torch.arange(positions).float(), inv_freq)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).cuda()
 
 
 def _layer(shape: str, seed: int):
@@ -33,7 +27,8 @@ def _layer(shape: str, seed: int):
     w = dict(input_norm=rand(hidden, scale=0.2) + 1, post_norm=rand(hidden, scale=0.2) + 1,
              qkv=rand((hq + 2 * hkv) * d, hidden, scale=hidden ** -0.5), o=rand(hidden, hq * d, scale=(hq * d) ** -0.5),
              gate_up=rand(2 * inter, hidden, scale=hidden ** -0.5), down=rand(hidden, inter, scale=inter ** -0.5),
-             q_norm=rand(d, scale=0.2) + 1, k_norm=rand(d, scale=0.2) + 1, cos_sin_cache=_cos_sin(8192, d))
+             q_norm=rand(d, scale=0.2) + 1, k_norm=rand(d, scale=0.2) + 1,
+             cos_sin_cache=rotary_cos_sin(8192, d, base=1e6, device="cuda"))
     layer = DecodeLayer(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, eps=EPS, qk_eps=EPS, **w)
     layer.check()
     return layer, w

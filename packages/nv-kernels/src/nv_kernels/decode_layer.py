@@ -37,6 +37,7 @@ from nv_kernels.decode_tuning import choose_tile
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import check_cache_layout, v_strides_token_major
 from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
+from nv_kernels.skinny_gemm import DOT_IN_FP32_INTERPRETED  # the interpreter's bf16 dots are wrong: fp32 there
 from nv_kernels.sm_count import cuda_sm_count
 from nv_kernels.split_k_workspace import SplitKWorkspace
 from nv_kernels.triton_decode import LOG2E, compute_dtype
@@ -47,7 +48,6 @@ MAX_SPLITS = 32                    # attention splits per (sequence, KV head)
 MIN_TOKENS_PER_SPLIT = 64
 GEMV_TILE_ELEMENTS = 8192          # fp32 running sums per program on the CUDA-core path (one row)
 WORKSPACE = SplitKWorkspace()      # fp32 partial sums and arrival counters, per device
-_DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"   # the interpreter's bf16 dots are wrong (skinny_gemm)
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ class DecodeLayer:
                 COMPUTE=compute_dtype(x.dtype, k_cache.dtype), V_TOKEN_MAJOR=v_strides_token_major(v_cache),
                 HAS_QK_NORM=self.q_norm is not None, FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0,
                 HAS_RESIDUAL=residual is not None, M_PAD=16 if use_dot else 1, USE_DOT=use_dot,
-                DOT_IN_FP32=_DOT_IN_FP32, BN_QKV=qkv_t.block_n, BK_QKV=qkv_t.block_k, BN_O=o_t.block_n,
+                DOT_IN_FP32=DOT_IN_FP32_INTERPRETED, BN_QKV=qkv_t.block_n, BK_QKV=qkv_t.block_k, BN_O=o_t.block_n,
                 BK_O=o_t.block_k, SPLIT_O=o_t.split_k, BN_GU=gu_t.block_n, BK_GU=gu_t.block_k,
                 BN_DOWN=down_t.block_n, BK_DOWN=down_t.block_k, SPLIT_DOWN=down_t.split_k,
                 NUM_STAGES=3 if use_dot else 2, PREFETCH=prefetch and x.is_cuda, LINES_QKV=_lines(hidden_size),

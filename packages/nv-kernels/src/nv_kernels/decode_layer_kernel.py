@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nv_kernels.skinny_gemm_kernel import _finish, _prefetch_weights, _reduced, _zero_sums, k_step
+from nv_kernels.skinny_gemm_kernel import _finish, _prefetch_weights, _reduced, _row_rstd, _zero_sums, k_step
 from nv_kernels.triton_decode import attend_split, merge_splits_if_last, rope_query_store_new, scaled_query
 
 
@@ -66,26 +66,6 @@ def _stamp(TIMES, pid, slot: tl.constexpr, TIMED: tl.constexpr):
     scripts/bench_decode_layer.py)."""
     if TIMED:
         tl.store(TIMES + pid * 16 + slot, tl.extra.cuda.globaltimer())
-
-
-@triton.jit
-def _rows_rstd(X, RES, R_OUT, rm, m_mask, stride_m, K, eps, store_mask, M_PAD: tl.constexpr,
-               BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """1 / rms of h = x (+ residual) over whole rows -> [M_PAD] fp32, h rounded to the model dtype first (as the
-    skinny GEMM's prologue); rows of store_mask also store h to R_OUT. The chunks are unrolled, so their loads
-    are all in flight at once (a loop would wait for each)."""
-    rk = tl.arange(0, BLOCK)
-    squares = tl.zeros((M_PAD, BLOCK), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK):
-        mask = m_mask[:, None] & ((k0 + rk) < K)[None, :]
-        offs = rm[:, None] * stride_m + k0 + rk[None, :]
-        h = tl.load(X + offs, mask=mask, other=0.0)
-        if HAS_RESIDUAL:
-            h = (h.to(tl.float32) + tl.load(RES + offs, mask=mask, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
-            tl.store(R_OUT + offs, h, mask=store_mask[:, None] & mask)
-        h32 = h.to(tl.float32)
-        squares += h32 * h32
-    return tl.rsqrt(tl.sum(squares, 1) / K + eps)
 
 
 @triton.jit
@@ -256,8 +236,8 @@ def decode_layer_kernel(
     m_mask = rm < M
 
     # A: r1 = x (+ residual) (program 0 stores it), qkv = rms_norm(r1) * w_in @ W_qkv^T
-    rstd = _rows_rstd(X, RES, R1, rm, m_mask, stride_m, HIDDEN, eps, m_mask & ((rm * 0 + pid) == 0), M_PAD,
-                      RSTD_BLOCK, HAS_RESIDUAL)
+    rstd = _row_rstd(X, RES, R1, rm, m_mask, stride_m, stride_m, stride_m, HIDDEN, eps,
+                     m_mask & ((rm * 0 + pid) == 0), M_PAD, RSTD_BLOCK, HAS_RESIDUAL)
     _gemm_phase(X, RES, stride_m, IN_NORM_W, rstd, W_QKV, HIDDEN, QKV, QKV_N, QKV, 0, PART_GEMM, O_COUNTERS,
                 QKV_N, HIDDEN, pid, num_programs, rm, m_mask, M_PAD, BN_QKV, BK_QKV, 1, USE_DOT, False, True,
                 HAS_RESIDUAL, False, DOT_IN_FP32, NUM_STAGES)
@@ -285,7 +265,8 @@ def decode_layer_kernel(
     _stamp(TIMES, pid, 7, TIMED)
 
     # D: act = silu(g) * u, [g; u] = rms_norm(r2) * w_post @ W_gate_up^T
-    rstd = _rows_rstd(R2, R2, R2, rm, m_mask, stride_m, HIDDEN, eps, m_mask, M_PAD, RSTD_BLOCK, False)
+    rstd = _row_rstd(R2, R2, R2, rm, m_mask, stride_m, stride_m, stride_m, HIDDEN, eps, m_mask, M_PAD, RSTD_BLOCK,
+                     False)
     _gemm_phase(R2, R2, stride_m, POST_NORM_W, rstd, W_GU, HIDDEN, ACT, INTER, ACT, 0, PART_GEMM, O_COUNTERS,
                 INTER, HIDDEN, pid, num_programs, rm, m_mask, M_PAD, BN_GU, BK_GU, 1, USE_DOT, True, True, False,
                 False, DOT_IN_FP32, NUM_STAGES)

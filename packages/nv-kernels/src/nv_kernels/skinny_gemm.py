@@ -30,7 +30,7 @@ MAX_M = 16                                     # rows (tokens) the kernels take;
 DTYPES = (torch.bfloat16, torch.float16)
 # Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there the dot path upcasts
 # its tiles to fp32 first.
-_DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
+DOT_IN_FP32_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 PREFETCH_WEIGHTS = os.environ.get("NV_PDL_PREFETCH", "1") != "0"   # with dependent launch only
 
 
@@ -217,7 +217,7 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
         partials.stride(0), n_out * weight.stride(0), float(eps),
         M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
         HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-        SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0, DOT_IN_FP32=_DOT_IN_FP32, NUM_STAGES=cfg.num_stages,
+        SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0, DOT_IN_FP32=DOT_IN_FP32_INTERPRETED, NUM_STAGES=cfg.num_stages,
         PREFETCH_LINES=_prefetch_lines(k_per_split, weight) if pdl["USE_PDL"] else 0, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl)
     return out, h

@@ -112,6 +112,14 @@ def dense_causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Ten
     return torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), v)
 
 
+def rotary_cos_sin(positions: int, dim: int, base: float = 10000.0, device: torch.device | str = "cpu") -> Tensor:
+    """A NeoX rotary table [positions, dim] fp32, cos in the first half and sin in the second (the layout of
+    nv_layers' cos_sin_cache), for kernels tested without the rotary module."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(positions).float(), inv_freq)             # [P, D/2]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)            # [P, D]
+
+
 def decoder_layer_reference(w: dict[str, Tensor | None], x: Tensor, residual: Tensor | None, seq_lens: Tensor,
                             block_tables: Tensor, slot_mapping: Tensor, k_cache: Tensor, v_cache: Tensor, *,
                             num_q_heads: int, num_kv_heads: int, eps: float, **scales: Tensor) -> tuple[Tensor, Tensor]:
