@@ -18,8 +18,8 @@ step's critical path. --profile adds where each step's host time goes (StepProfi
     launch      the step handed to the runner: the forward launched (plain steps: the sampler too)
     wait ids    waiting for the previous step's sampled ids (the device's time beyond the host's)
     accept      the grammars advanced by those ids
-    fill        the next step's bitmask filled (in a worker: handed to it)
-    fill wait   waiting for the worker's fill before sampling
+    fill        the next step's bitmask filled (with the matcher process: the job sent to it)
+    fill wait   waiting for the bitmask before sampling (the matcher process's reply)
     sample      a grammar step's sampling launched: bitmask copy and sampler (ModelRunner.sample)
     sampling tensors / sampler   parts of launch and sample: the sampler's inputs (the bitmask's
                 copy among them), the sampler's launches
@@ -29,14 +29,14 @@ step's critical path. --profile adds where each step's host time goes (StepProfi
 
 --sync adds both runs with async scheduling off (every step synchronous, the bitmask filled before
 the step), the cost of not overlapping. --fill inline fills the bitmask in the engine's thread once the forward
-was launched; --fill worker fills it in a worker thread, so the engine's own work (the report, the
-frontend, the next step's schedule and inputs) overlaps it too; the default is the engine's (inline,
-StructuredOutputManager.fill_in_worker). --fill-threads sets the threads of each
+was launched; --fill process accepts and fills in the matcher process, so the engine's own work (the report, the
+frontend, the next step's schedule and inputs) overlaps it too; the default is the engine's
+(StructuredOutputManager.use_matcher_process, matcher_process_wanted). --fill-threads sets the threads of each
 batched fill (the default: by the rows and the cores, structured_output.manager.fill_threads_for). A
 warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info, the schemas' grammars).
 
     python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 512] [--max-num-seqs 64]
-        [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill worker|inline|both]
+        [--max-tokens 256] [--natural-plain] [--profile] [--sync] [--fill process|inline|both]
         [--fill-threads N] [--rounds N] [--json OUT]
 
 --rounds N runs the grammar and plain requests N times, alternating, and reports the median round's
@@ -193,7 +193,7 @@ def run(llm: LLM, profile: StepProfile, batch: list[tuple[list[dict], dict]], ma
     lengths = [len(o.outputs[0].token_ids) for o in outputs]
     tokens = sum(lengths)
     summary: dict = {"grammar": grammar, "async_scheduling": async_scheduling, "requests": len(batch),
-                     "fill_in_worker": core.structured_outputs.fill_in_worker,
+                     "matcher_process": core.structured_outputs.use_matcher_process,
                      "seconds": round(elapsed, 3), "output_tokens": tokens,
                      "output_tok_per_s": round(tokens / elapsed, 1), "mean_output_len": round(tokens / len(batch), 1),
                      "steps": steps, "ms_per_step": round(elapsed * 1e3 / max(steps, 1), 4),
@@ -241,8 +241,8 @@ def main() -> None:
                         help="plain requests take --max-tokens and stop at EOS (default: their grammar twin's length)")
     parser.add_argument("--profile", action="store_true", help="time the parts of each step (ms per step)")
     parser.add_argument("--sync", action="store_true", help="also run both kinds with async scheduling off")
-    parser.add_argument("--fill", choices=("worker", "inline", "both"), default=None,
-                        help="fill the grammar bitmask in a worker thread or in the engine's (default: the engine's "
+    parser.add_argument("--fill", choices=("process", "inline", "both"), default=None,
+                        help="accept and fill in the matcher process or in the engine's thread (default: the engine's "
                              "choice); both: each round runs the grammar requests both ways")
     parser.add_argument("--fill-threads", type=int, default=None,
                         help="threads of every batched fill (default: by the rows and the cores)")
@@ -258,8 +258,8 @@ def main() -> None:
     sync_runs: list[dict] = []
     with LLM(model, dtype=args.dtype, max_model_len=1024, max_num_seqs=args.max_num_seqs) as llm:
         manager = llm.llm_engine.core.structured_outputs
-        default_fill = "worker" if manager.fill_in_worker else "inline"
-        modes = ["worker", "inline"] if args.fill == "both" else [args.fill or default_fill]
+        default_fill = "process" if manager.use_matcher_process else "inline"
+        modes = ["process", "inline"] if args.fill == "both" else [args.fill or default_fill]
         manager.fill_threads = args.fill_threads
         profile = StepProfile(llm, args.profile)
         for grammar in (True, False):
@@ -268,7 +268,7 @@ def main() -> None:
         # so a grammar run is compared with the plain run next to it, and the median round is reported.
         for number in range(args.rounds):
             for mode in modes:
-                manager.fill_in_worker = mode == "worker"
+                manager.use_matcher_process = mode == "process"
                 summary, plain = grammar_then_plain(llm, profile, batch, args, async_scheduling=True)
                 ratio = summary["output_tok_per_s"] / plain["output_tok_per_s"]
                 rounds.append({"round": number, "fill": mode, "ratio": round(ratio, 4), "grammar": summary,
@@ -277,7 +277,7 @@ def main() -> None:
                       f"{summary['ms_per_step']:.3f}, plain {plain['ms_per_step']:.3f} "
                       f"(valid and stopped {summary['valid_and_stopped']})", flush=True)
         if args.sync:
-            manager.fill_in_worker = modes[0] == "worker"
+            manager.use_matcher_process = modes[0] == "process"
             summary, plain = grammar_then_plain(llm, profile, batch, args, async_scheduling=False)
             sync_runs = [plain, summary]
     summary_out: dict = {"rounds": rounds, "median_ratio": {}}

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from nv_engine.engine_sequence import EngineSequence  # noqa: E402
 from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
 from nv_engine.structured_output.manager import StructuredOutputManager, fill_threads_for  # noqa: E402
+from nv_engine.structured_output.matcher_process import MatcherProcess, MatcherReply  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
@@ -231,24 +230,18 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     overlapped = run()               # the default fill (in the engine's thread)
     assert len(sampled_apart) > 10 and any(b is not None for b in sampled_apart)   # the overlap ran
     manager = core.structured_outputs
-    fill = StructuredOutputManager._fill
-
-    def slow_fill(*args):            # the engine runs ahead of a slow worker until it samples
-        time.sleep(0.002)
-        return fill(*args)
-
-    default = manager.fill_in_worker
     try:
-        manager.fill_in_worker = True                # filled in a worker thread
+        manager.use_matcher_process = True          # accepted and filled in the matcher process
         assert run() == overlapped
-        monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(slow_fill))
-        assert run() == overlapped
-        monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(fill))
-        manager.fill_in_worker = False
+        process = manager.matcher_process
+        assert process is not None and process.alive
+        manager.use_matcher_process = False          # back in the engine's thread; the process waits idle
         manager.fill_threads = 2                     # a fill on several threads
         assert run() == overlapped
+        manager.use_matcher_process, manager.fill_threads = True, None
+        assert run() == overlapped and manager.matcher_process is process   # the same process again
     finally:
-        manager.fill_in_worker, manager.fill_threads = default, None
+        manager.use_matcher_process, manager.fill_threads = False, None
     assert core.async_scheduling
     core.async_scheduling = False            # every step synchronous, the bitmask filled before it
     try:
@@ -262,100 +255,80 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     assert all(reason == "stop" for _, reason in overlapped[5:8])       # grammars end ignore_eos rows
 
 
-def test_a_worker_fill_overlaps_the_next_steps_host_work(llm, monkeypatch):
-    """With the fill in a worker thread, the core builds the next step's inputs while the fill runs
-    (the host work that needs no bitmask), and launches that step only after the filled bitmask
-    sampled the step before it (its input ids are that step's sampled ids)."""
+def test_the_matcher_process_fills_while_the_engine_thread_launches(llm, monkeypatch):
+    """With the matchers in their own process, the engine's thread runs no xgrammar call: it sends each
+    step's job (the previous step's ids, the step's rows) before it launches that step, launches it and
+    builds the next step's inputs while the process accepts and fills, and samples only once it read
+    the reply."""
     core = llm.llm_engine.core
     manager = core.structured_outputs
     executor = core.live_executor()
-    events: list[tuple[str, float]] = []
-    fill, prepare, launch, sample = StructuredOutputManager._fill, core._prepare, executor.launch, executor.sample
-
-    def slow_fill(*args):
-        events.append(("fill start", time.perf_counter()))
-        time.sleep(0.005)       # in the worker: the engine's thread runs on meanwhile
-        try:
-            return fill(*args)
-        finally:
-            events.append(("fill end", time.perf_counter()))
+    events: list[str] = []
+    prepare, launch, sample = core._prepare, executor.launch, executor.sample
+    send, wait = MatcherProcess.fill, MatcherReply.result
 
     def record(name, method):
         def recorded(*args):
-            events.append((name, time.perf_counter()))
-            try:
-                return method(*args)
-            finally:
-                events.append((name + " end", time.perf_counter()))
+            events.append(name)
+            return method(*args)
         return recorded
 
-    monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(slow_fill))
+    def no_xgrammar_here(*args):
+        raise AssertionError("xgrammar ran in the engine's thread")
+
+    monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(no_xgrammar_here))
+    monkeypatch.setattr(MatcherProcess, "fill", lambda self, rows: (events.append("job sent"), send(self, rows))[1])
+    monkeypatch.setattr(MatcherReply, "result", lambda self: (events.append("reply"), wait(self))[1])
     monkeypatch.setattr(core, "_prepare", record("prepare", prepare))
     monkeypatch.setattr(executor, "launch", record("launch", launch))
     monkeypatch.setattr(executor, "sample", record("sample", sample))
-    default = manager.fill_in_worker
-    manager.fill_in_worker = True
+    manager.use_matcher_process = True
     try:
         outputs = llm.generate(PROMPTS[:3], [constrained(json=SCHEMAS[i]) for i in range(3)], use_tqdm=False)
     finally:
-        manager.fill_in_worker = default
+        monkeypatch.undo()
+        manager.use_matcher_process = False
     for i, output in enumerate(outputs):
         jsonschema.validate(json.loads(finished_text(output), strict=False), SCHEMAS[i])
-    events.sort(key=lambda event: event[1])
-    names = [name for name, _ in events]
     overlapped = 0
-    for i, name in enumerate(names):
-        if name == "fill start":
-            end = names.index("fill end", i)
-            overlapped += "prepare end" in names[i:end]   # the engine's thread built a step meanwhile
-            assert "launch" not in names[i:end] and "sample" not in names[i:end]   # sampling waits for the fill
-            assert names[end + 1:].index("sample") < (names[end + 1:] + ["launch"]).index("launch")
+    for i, name in enumerate(events):
+        if name != "job sent":
+            continue
+        end = events.index("reply", i + 1)
+        # the engine's thread launched the step the job fills for, and built the next one, meanwhile
+        overlapped += "launch" in events[i:end] and "prepare" in events[i:end]
+        assert "sample" not in events[i:end]        # sampling waits for the reply
     assert overlapped >= 5
 
 
-def test_a_worker_fill_ends_while_the_engine_thread_runs_python(llm, monkeypatch):
-    """A fill in the worker ends in about its own time while the engine's thread runs Python: the
-    worker takes the GIL at its start and after xgrammar's fill within the short switch interval,
-    not the default 5 ms each time. The process's switch interval is back once the fill returned."""
-    from nv_engine.structured_output import manager as manager_module
-
-    core = llm.llm_engine.core
-    tokenizer = llm.get_tokenizer()
-    manager = StructuredOutputManager(lambda: tokenizer, core.vocab_size, sorted(core.eos_token_ids))
-    manager.fill_in_worker = True
-    seqs = []
-    for row in range(4):
-        params = constrained(json=SCHEMAS[row])
-        seq = EngineSequence([1, 2, 3], params.stop_rules(core.eos_token_ids, max_model_len=512, prompt_len=3),
-                             request_id=f"busy-{row}", index=0, params=params, seed=row, reports_each_token=False)
-        manager.hold(seq)
-        seqs.append(seq)
-    while manager.num_held:
-        manager.release(wait=True)
-    expected = manager.fill_bitmask(seqs)
-    assert expected is not None
-    expected = expected.copy()
-
-    def fill_seconds_beside_python() -> float:
-        """Seconds from the fill's start until this thread, never blocking, sees it done (best of 5)."""
-        best = float("inf")
-        for _ in range(5):
-            before = sys.getswitchinterval()
-            start = time.perf_counter()
-            future = manager.fill_bitmask_async(seqs)
-            while not future.done() and time.perf_counter() - start < 0.2:
-                pass
-            best = min(best, time.perf_counter() - start)
-            np.testing.assert_array_equal(future.result(), expected)
-            assert sys.getswitchinterval() == before
-        return best
-
+def test_a_dead_matcher_process_fails_its_requests_not_the_engine(llm):
+    """The matcher process killed mid-run: the requests whose matchers it held fail (the step raises),
+    the engine keeps serving, and the next grammar request gets a new process."""
+    engine = llm.llm_engine
+    core = engine.core
+    manager = core.structured_outputs
+    manager.use_matcher_process = True
     try:
-        assert fill_seconds_beside_python() < 0.003
-        monkeypatch.setattr(manager_module, "FILL_SWITCH_INTERVAL_S", 0.005)   # the default interval
-        assert fill_seconds_beside_python() > 0.004              # waits (at least once) for the GIL
+        for i in range(3):
+            engine.add_request(f"killed-{i}", PROMPTS[i], constrained(seed=i, temperature=1.0, json=SCHEMAS[0]))
+        while manager.num_held or not manager.active:
+            engine.step()
+        for _ in range(2):
+            engine.step()
+        process = manager.matcher_process
+        assert process is not None and process.alive
+        process._process.kill()
+        process._process.join()
+        with pytest.raises(RuntimeError, match="matcher process"):
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert not engine.has_unfinished_requests()
+        assert core.get_num_free_blocks() == core.num_blocks
+        out = llm.generate([PROMPTS[0]], constrained(json=SCHEMAS[1]), use_tqdm=False)[0]
+        jsonschema.validate(json.loads(finished_text(out), strict=False), SCHEMAS[1])
+        assert manager.matcher_process is not None and manager.matcher_process is not process
     finally:
-        manager.shutdown()
+        manager.use_matcher_process = False
 
 
 def test_switching_async_scheduling_off_with_a_grammar_step_in_flight(llm):
@@ -402,17 +375,18 @@ def test_abort_while_a_step_waits_for_its_bitmask(llm):
     assert not core.structured_outputs.active
 
 
+@pytest.mark.parametrize("in_process", [False, True], ids=["engine-process", "matcher-process"])
 @pytest.mark.parametrize("layout", ["GGGG", "GGP", "PGPGG"])   # G: a grammar row, P: a plain row
-def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout):
+def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout, in_process):
     """The manager's step (one batched fill: rows 0..k-1 without an index list, other layouts with
-    one; plain rows all ones; then one accept per row) gives every row the bitmask its own matcher
-    fills, step after step, until the grammars end."""
-    import numpy as np
+    one; plain rows all ones; then one accept per row), here or in the matcher process, gives every
+    row the bitmask its own matcher fills, step after step, until the grammars end."""
     import xgrammar
 
     core = llm.llm_engine.core
     tokenizer = llm.get_tokenizer()
     manager = StructuredOutputManager(lambda: tokenizer, core.vocab_size, sorted(core.eos_token_ids))
+    manager.use_matcher_process = in_process
     plain = SamplingParams(max_tokens=MAX_TOKENS)
     seqs, own = [], []
     for row, kind in enumerate(layout):
@@ -450,6 +424,7 @@ def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout):
         assert {seqs.index(seq) for seq, _ in finished} <= ended
         if len(ended) == layout.count("G"):
             break
+    manager.shutdown()
     assert len(ended) == layout.count("G")       # every grammar ended (each is bounded)
 
 

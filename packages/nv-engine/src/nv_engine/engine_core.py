@@ -55,7 +55,7 @@ from nv_engine.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch
 from nv_engine.step_builder import StepBuilder
 from nv_engine.structured_output.compiler import HFTokenizer
 from nv_engine.structured_output.grammar_sampling import GrammarSampling
-from nv_engine.structured_output.manager import StructuredOutputManager
+from nv_engine.structured_output.manager import StructuredOutputManager, matcher_process_wanted
 from nv_engine.warmup_steps import WarmupSteps
 from nv_kvcache import FinishReason, Scheduler, SchedulerOutput
 
@@ -125,7 +125,11 @@ class EngineCore:
         self.structured_outputs = StructuredOutputManager(
             (lambda: tokenizer) if tokenizer is not None else (lambda: load_tokenizer(config)),
             self.vocab_size, sorted(self.eos_token_ids),
-            pin_memory=config.is_cuda and self.executor is not None and self.executor.shares_host_memory)
+            pin_memory=config.is_cuda and self.executor is not None and self.executor.shares_host_memory,
+            max_rows=config.max_num_seqs)
+        # the matchers in a process of their own where the step loop is bound by the host (CUDA) and
+        # the host has cores to spare; NV_GRAMMAR_MATCHER_PROCESS=0 / 1 decides instead
+        self.structured_outputs.use_matcher_process = matcher_process_wanted(config.is_cuda)
         self.grammar_sampling = GrammarSampling(self.structured_outputs)
         self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
                                      config.max_model_len, config.seed)   # the unfinished ones
@@ -237,29 +241,50 @@ class EngineCore:
                 self._open_steps.append(following)
                 prepared = self._prepare(following, launched)
             # structured outputs: the launched step samples once its bitmask is filled; the host work
-            # above needs no bitmask, so a fill in a worker thread ran alongside it. The next forward
-            # is enqueued after: its input ids are this step's sampled ids.
+            # above needs no bitmask, so a fill in the matcher process ran alongside it. The next
+            # forward is enqueued after: its input ids are this step's sampled ids.
             self.grammar_sampling.sample(self.live_executor())
-            if prepared is not None:
-                self._inflight = self._enqueue(*prepared)
-            result = self._collect()
-            for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
-                self.step_builder.release(seq.seq_id)
+            accepted_early = self.grammar_sampling.active and self.structured_outputs.use_matcher_process
+            if accepted_early:
+                # the matcher process gets this step's ids before the next step is launched, so it
+                # accepts them and fills the next step's bitmask while this thread launches (the
+                # longest host work of a step); the device waits for that hand-over
+                result = self._collect()
+                for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
+                    self.step_builder.release(seq.seq_id)
+                self._advance_grammars(out, result)
+                if prepared is not None:
+                    if prepared[1].defer_sampling:
+                        self.grammar_sampling.launched_unsampled([s.seq for s in prepared[0].out.sampling])  # type: ignore[misc]
+                        self.grammar_sampling.start_fill()
+                    self._inflight = self._enqueue(*prepared)
+            else:
+                if prepared is not None:
+                    self._inflight = self._enqueue(*prepared)
+                result = self._collect()
+                for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
+                    self.step_builder.release(seq.seq_id)
         else:
+            accepted_early = False
             self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
             result = launched.result if launched.result is not None else self._collect()
             for seq in scheduler.postprocess(out, result.token_ids):
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             record_prompt_logprobs(out, launched.prompt_logprobs, result)
-        if self.grammar_sampling.active:                   # structured outputs: advance the matchers, then
-            for seq in self.grammar_sampling.finish_by_grammar(  # fill the next step's mask while it runs
-                    scheduler, [s.seq for s in out.sampling], result.token_ids):  # type: ignore[misc]
-                self.step_builder.release(seq.seq_id)
+        if self.grammar_sampling.active and not accepted_early:   # structured outputs: advance the matchers,
+            self._advance_grammars(out, result)                       # then fill the next step's mask while it runs
             self.grammar_sampling.start_fill()
         updates = self.requests.report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return failed + updates if failed else updates
+
+    def _advance_grammars(self, out: SchedulerOutput, result: StepResult) -> None:
+        """Structured outputs: the step's sampled ids advance the matchers; the sequences whose grammar
+        ended (or rejected a token) finish."""
+        for seq in self.grammar_sampling.finish_by_grammar(
+                self.scheduler, [s.seq for s in out.sampling], result.token_ids):  # type: ignore[misc]
+            self.step_builder.release(seq.seq_id)
 
     def _release_structured_outputs(self, wait: bool) -> list[SequenceUpdate]:
         """Structured outputs: requests whose grammar compiled join the scheduler; those whose
@@ -319,7 +344,7 @@ class EngineCore:
         if self.async_scheduling:
             executor.launch(step_input)
             self._num_uncollected += 1
-            if step_input.defer_sampling:
+            if step_input.defer_sampling and not self.grammar_sampling.waiting:   # (announced already: see _step)
                 self.grammar_sampling.launched_unsampled([s.seq for s in launched.out.sampling])  # type: ignore[misc]
         else:
             launched.result = executor.execute(step_input)

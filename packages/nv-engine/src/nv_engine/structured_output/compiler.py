@@ -74,6 +74,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()            # the cache
         self._compiler_lock = threading.Lock()   # building the xgrammar compiler (workers)
         self._compiler: xgrammar.GrammarCompiler | None = None
+        self._serialized: OrderedDict[tuple[str, str], Future[str]] = OrderedDict()
+        self.tokenizer_info_json: str | None = None   # set by the first `submit_serialized` job
 
     def parse(self, params: StructuredOutputsParams) -> xgrammar.Grammar:
         """The constraint as an xgrammar Grammar; ValueError naming the kind when it does not parse."""
@@ -113,6 +115,30 @@ class GrammarCompiler:
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return future
+
+    def submit_serialized(self, params: StructuredOutputsParams) -> Future[str]:
+        """`submit`, then the compiled grammar serialized (CompiledGrammar.serialize_json) in the pool,
+        for a matcher process; cached per constraint. Once one is done, tokenizer_info_json holds the
+        tokenizer's TokenizerInfo serialized too."""
+        compiled = self.submit(params)
+        key = params.cache_key
+        with self._lock:
+            cached = self._serialized.get(key)
+            if cached is not None and not (cached.done() and cached.exception() is not None):
+                self._serialized.move_to_end(key)
+                return cached
+        future = self._pool.submit(self._serialize, compiled)
+        with self._lock:
+            self._serialized[key] = future
+            while len(self._serialized) > self.cache_size:
+                self._serialized.popitem(last=False)
+        return future
+
+    def _serialize(self, compiled: Future[xgrammar.CompiledGrammar]) -> str:
+        grammar = compiled.result()       # queued before this job: done, or running on another worker
+        if self.tokenizer_info_json is None:
+            self.tokenizer_info_json = grammar.tokenizer_info.serialize_json()
+        return grammar.serialize_json()
 
     def _compile(self, grammar: xgrammar.Grammar) -> xgrammar.CompiledGrammar:
         xgrammar = import_xgrammar()

@@ -5,9 +5,9 @@ grammar ends.
 A synchronous step gets its bitmask before it is launched (`bitmask_now`). With async scheduling a
 step with grammar rows is launched with defer_sampling (the forward only) and waits here; after
 the previous step's ids were accepted (`finish_by_grammar`), `start_fill` fills its bitmask (in the
-engine's thread, or in a worker thread with StructuredOutputManager.fill_in_worker) while the device
-runs the forward and the core does the host work that needs no bitmask (it reports the previous step
-and builds the next one's inputs); `sample` then hands the bitmask to the executor
+engine's thread, or in the matcher process with StructuredOutputManager.use_matcher_process) while the
+device runs the forward and the core does the host work that needs no bitmask (it reports the previous
+step and builds the next one's inputs); `sample` then hands the bitmask to the executor
 (ModelRunner.sample on every rank). At most one launched step waits: the core samples step N before
 it launches step N+1, whose input ids are step N's sampled ids.
 """
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nv_engine.structured_output.manager import StructuredOutputManager
+from nv_engine.structured_output.manager import PendingBitmask, StructuredOutputManager
 from nv_kvcache import Scheduler
 
 if TYPE_CHECKING:
@@ -35,7 +33,7 @@ class GrammarSampling:
     def __init__(self, manager: StructuredOutputManager) -> None:
         self.manager = manager
         self._waiting: list[EngineSequence] | None = None   # sampling rows of the step launched unsampled
-        self._bitmask: Future[np.ndarray | None] | None = None   # its bitmask (filled, or filling in a worker)
+        self._bitmask: PendingBitmask | None = None   # its bitmask (filled, or filling in the matcher process)
 
     @property
     def active(self) -> bool:
@@ -58,13 +56,13 @@ class GrammarSampling:
         self._waiting, self._bitmask = list(seqs), None
 
     def start_fill(self) -> None:
-        """Fill the waiting step's bitmask (now, or in a worker thread): call once every token of the steps
-        before it was accepted (the matchers must not move until `sample`)."""
+        """Fill the waiting step's bitmask (now, or in the matcher process): call once every token of the
+        steps before it was accepted (the matchers must not move until `sample`)."""
         if self._waiting is not None and self._bitmask is None:
             self._bitmask = self.manager.fill_bitmask_async(self._waiting)
 
     def sample(self, executor: Executor) -> None:
-        """Sample the waiting step, if any, with its bitmask (the worker's, or filled now). Raises
+        """Sample the waiting step, if any, with its bitmask (the matcher process's, or filled now). Raises
         what the fill raised; the step then still waits (see `drop`)."""
         seqs = self._waiting
         if seqs is None:
@@ -79,7 +77,10 @@ class GrammarSampling:
         runner reports itself at its next call)."""
         pending, self._bitmask, waiting, self._waiting = self._bitmask, None, self._waiting, None
         if pending is not None:
-            wait_futures([pending])
+            try:
+                pending.result()
+            except Exception:
+                logger.debug("a failed step's bitmask fill", exc_info=True)
         if waiting is not None and executor is not None:
             try:
                 executor.sample(None)

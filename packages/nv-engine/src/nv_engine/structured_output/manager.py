@@ -9,40 +9,43 @@ The engine core calls, per request and per step:
    scheduler has nothing to run) blocks briefly for the next compile instead of spinning.
 3. `fill_bitmask(seqs)` when a step's sampling rows are built: the [S, ceil(V/32)] int32 token
    bitmask for the step (StepInput.sampling.token_bitmask), None when no row has a grammar;
-   `fill_bitmask_async(seqs)` the same in a worker thread (xgrammar fills without the GIL), while
-   the engine does other work.
+   `fill_bitmask_async(seqs)` starts the same fill and returns what to wait on (`.result()`).
 4. `accept(seqs, token_ids)` after the step's tokens are appended: advances each row's matcher and
    names the sequences to finish (the grammar terminated: stop; a token it rejects: abort).
 5. `remove_request(request_id)` when a request finishes or is aborted.
 A row's bitmask needs the row's previous token: with async scheduling the engine launches the
 forward of step N+1 first, then accepts step N's tokens and fills step N+1's bitmask while the
-device runs it, and samples step N+1 after (ModelRunner.sample). With fill_in_worker the fill runs
-in a worker thread, beside the engine thread's own host work up to that sampling (the report of step
-N, the schedule and inputs of step N+2), with a short GIL switch interval while it runs
-(FILL_SWITCH_INTERVAL_S); off by default (see __init__). Preemption keeps a sequence's output,
-and so its matcher's state.
+device runs it, and samples step N+1 after (ModelRunner.sample). Preemption keeps a sequence's
+output, and so its matcher's state.
 
-Fills go through xgrammar.BatchGrammarMatcher: one call per step (rows in parallel threads, see
-fill_threads_for), into one of two preallocated buffers (alternating, so the engine may fill step
-N+1's while step N's is being sent); with pin_memory (the runner shares this process and runs on
-CUDA) the buffers are page-locked, so the runner copies them to the device as they are. Accepts are
-one accept_token per row. Rows without a grammar allow every token; finished rows too (their token is
-dropped).
+Where the matchers live:
+- in this process (the default): accepts are one accept_token per row, and a fill is one
+  xgrammar.BatchGrammarMatcher call per step (rows in parallel threads, see fill_threads_for) into
+  one of two preallocated buffers (alternating, so the engine may fill step N+1's while step N's is
+  being sent); with pin_memory (the runner shares this process and runs on CUDA) the buffers are
+  page-locked, so the runner copies them to the device as they are. Both run on the engine's thread.
+- in a process of their own (`use_matcher_process`, MatcherProcess): `accept` queues the tokens and
+  `fill_bitmask_async` sends them with the step's rows; the process accepts and fills while the
+  engine's thread does the rest of its host work (the report, the next step's schedule and inputs),
+  and the engine reads the bitmask when it samples. A stop token is known by its id at once; a token
+  the grammar rejects is known one step later (a reply's `rejected`), and its sequence aborts then.
+  The process starts at the first structured-outputs request; requests wait (held) until it serves.
+Rows without a grammar allow every token; finished rows too (their token is dropped).
 """
 from __future__ import annotations
 
 import logging
 import os
-import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from nv_engine.structured_output.compiler import GrammarCompiler, HFTokenizer, import_xgrammar
+from nv_engine.structured_output.matcher_process import MatcherProcess
 from nv_kvcache import FinishReason
 
 if TYPE_CHECKING:
@@ -61,13 +64,6 @@ RELEASE_WAIT_SECONDS = 0.05
 # against 0.31-0.35 ms on one (16 cores), so threads pay only for large batches.
 ROWS_PER_FILL_THREAD = 128
 MAX_FILL_THREADS = 8
-# The GIL switch interval (seconds) while a worker fills, at most. A thread waiting for the GIL gets it
-# when the holder blocks, or else only after the switch interval (5 ms by default): a worker starting
-# its fill, or returning from xgrammar's fill (which runs without the GIL), beside an engine thread
-# that runs Python waited up to 5 ms each time. Measured on a 2-core CPU, 64 JSON-schema rows: a 1.5 ms
-# fill took 7.3 ms beside a thread running Python at the default, 1.1 ms at 0.1 ms (that thread kept
-# 92% of its speed).
-FILL_SWITCH_INTERVAL_S = 1e-4
 
 
 def fill_threads_for(num_rows: int, num_cores: int) -> int:
@@ -76,12 +72,35 @@ def fill_threads_for(num_rows: int, num_cores: int) -> int:
     return max(1, min(limit, -(-num_rows // ROWS_PER_FILL_THREAD)))
 
 
+# Cores a host needs before the matchers move to a process of their own by default: that process
+# accepts and fills on a core of its own beside the engine's thread (and the runner's, torch's).
+MATCHER_PROCESS_MIN_CORES = 4
+
+
+def matcher_process_wanted(on_cuda: bool) -> bool:
+    """Whether an engine keeps its grammar matchers in a process of their own (MatcherProcess): where
+    its runner is on CUDA (the step loop is bound by the host) and the host has MATCHER_PROCESS_MIN_CORES;
+    NV_GRAMMAR_MATCHER_PROCESS=1 / 0 decides instead."""
+    setting = os.environ.get("NV_GRAMMAR_MATCHER_PROCESS", "").strip().lower()
+    if setting in ("1", "on", "true"):
+        return True
+    if setting in ("0", "off", "false"):
+        return False
+    return on_cuda and usable_cores() >= MATCHER_PROCESS_MIN_CORES
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask where the platform has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+class PendingBitmask(Protocol):
+    """A step's bitmask being filled: `result()` waits for it (None: no row has a grammar)."""
+
+    def result(self) -> np.ndarray | None: ...
 
 
 @dataclass
@@ -93,19 +112,22 @@ class ReleasedRequests:
 class StructuredOutputManager:
     """Grammars and matchers of one engine. vocab_size: the model's (logits width); eos_token_ids end
     a completed grammar; pin_memory: bitmask buffers in page-locked memory (only where the runner that
-    reads them shares this process and runs on CUDA: it then copies them to the device directly)."""
+    reads them shares this process and runs on CUDA: it then copies them to the device directly);
+    max_rows: the most sampling rows of a step (the matcher process's buffer)."""
 
     def __init__(self, load_tokenizer: Callable[[], HFTokenizer | None], vocab_size: int,
-                 eos_token_ids: Sequence[int], pin_memory: bool = False) -> None:
+                 eos_token_ids: Sequence[int], pin_memory: bool = False, max_rows: int = 256) -> None:
         self._load_tokenizer = load_tokenizer      # called once, at the first grammar (an engine core has no
         self.tokenizer: HFTokenizer | None = None  # tokenizer of its own until then)
         self.vocab_size = vocab_size
         self.bitmask_width = (vocab_size + 31) // 32
+        self.max_rows = max_rows
         self._eos_token_ids = list(eos_token_ids)
         self._compiler: GrammarCompiler | None = None
-        self._held: dict[str, tuple[Future[xgrammar.CompiledGrammar], EngineSequence]] = {}
+        # request id -> (its compile, its serialized grammar (matcher process only), first sequence)
+        self._held: dict[str, tuple[Future[xgrammar.CompiledGrammar], Future[str] | None, EngineSequence]] = {}
         self._grammars: dict[str, xgrammar.CompiledGrammar] = {}   # request id -> its compiled grammar
-        self._matchers: dict[int, xgrammar.GrammarMatcher] = {}    # seq id -> its matcher
+        self._matchers: dict[int, xgrammar.GrammarMatcher] = {}    # seq id -> its matcher (in this process)
         # seq ids whose matcher took a stop token: terminated (xgrammar ends a grammar only so), kept
         # here so a step asks xgrammar nothing per row
         self._terminated: set[int] = set()
@@ -116,15 +138,11 @@ class StructuredOutputManager:
         self.pin_memory = pin_memory
         self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
         self._next_bitmask = 0
-        self._fill_pool: ThreadPoolExecutor | None = None   # fill_bitmask_async's one worker
-        # True: fill_bitmask_async fills in a worker thread (xgrammar fills without the GIL), so the
-        # engine's host work up to the step's sampling (the report, the frontend, the next step's
-        # schedule and inputs) overlaps the fill. False (the default): in the caller's thread, after the
-        # forward was launched, so only the device's forward overlaps it. On the H200 host (16 cores,
-        # SmolLM2, 64 JSON-schema streams, 5 rounds alternating with plain runs) the worker's median
-        # grammar / plain was 0.722 against 0.758 inline: the worker's fill ended ~0.36 ms after the
-        # engine thread's ~1.1 ms of other work, about twice its inline time.
-        self.fill_in_worker = False
+        self._use_matcher_process = False
+        self.matcher_process: MatcherProcess | None = None
+        self._process_grammars: dict[str, tuple[Hashable, str]] = {}   # request id -> (key, serialized grammar)
+        self._process_seqs: dict[int, EngineSequence] = {}   # seq id -> sequence, with a matcher there
+        self._orphaned: set[str] = set()   # requests whose matchers died with a matcher process
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -135,6 +153,22 @@ class StructuredOutputManager:
         if self._compiler is None:
             self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_token_ids)
         return self._compiler
+
+    @property
+    def use_matcher_process(self) -> bool:
+        """True: the matchers live in a process of their own (MatcherProcess), which accepts and fills
+        beside the engine's thread. The engine core turns it on where its runner is on CUDA and the
+        host has the cores (matcher_process_wanted). It may change only while no request has a
+        grammar; turned off, a started process stays (idle) until `shutdown`."""
+        return self._use_matcher_process
+
+    @use_matcher_process.setter
+    def use_matcher_process(self, on: bool) -> None:
+        if on == self._use_matcher_process:
+            return
+        if self._held or self._grammars:
+            raise RuntimeError("the matchers' place changes only while no request has a grammar")
+        self._use_matcher_process = on
 
     @property
     def num_held(self) -> int:
@@ -154,58 +188,114 @@ class StructuredOutputManager:
             raise ValueError(f"request {seq.request_id!r} has no structured_outputs")
         if seq.request_id in self._held or seq.request_id in self._grammars:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
-        self._held[seq.request_id] = (self.compiler.submit(params), seq)
+        compiled = self.compiler.submit(params)
+        serialized = None
+        if self.use_matcher_process:
+            serialized = self.compiler.submit_serialized(params)
+            if self.matcher_process is None:
+                self.matcher_process = MatcherProcess(self.max_rows, self.bitmask_width, self.pin_memory)
+                self.matcher_process.start()
+        self._held[seq.request_id] = (compiled, serialized, seq)
 
     # ---- 2. start of a step ------------------------------------------------------------------
     def release(self, wait: bool = False) -> ReleasedRequests:
-        """The held requests whose compile ended. wait=True: if none has, wait up to
-        RELEASE_WAIT_SECONDS for one."""
+        """The held requests whose compile ended (and, with the matcher process, once it serves).
+        wait=True: if none has, wait up to RELEASE_WAIT_SECONDS for one."""
         released = ReleasedRequests()
         if not self._held:
             return released
-        if wait and not any(future.done() for future, _ in self._held.values()):
-            wait_futures([future for future, _ in self._held.values()], timeout=RELEASE_WAIT_SECONDS,
-                         return_when=FIRST_COMPLETED)
-        for request_id, (future, seq) in list(self._held.items()):
-            if not future.done():
+        process = self.matcher_process
+        if self._use_matcher_process and process is not None and not process.ready:
+            if wait:
+                process.wait_ready(RELEASE_WAIT_SECONDS)
+            if not process.ready:
+                if process.alive:
+                    return released
+                # it died before it served (nothing of it is in use): the matchers stay in this process
+                logger.warning("the grammar matcher process ended at its start (exit code %s): "
+                               "matching grammars in the engine's process", process.exitcode)
+                self._use_matcher_process = False
+                self._lose_matcher_process()
+        futures: list[Future[Any]] = [future for held in self._held.values() for future in held[:2]
+                                      if future is not None]
+        if wait and not any(self._compiled(held) for held in self._held.values()):
+            wait_futures(futures, timeout=RELEASE_WAIT_SECONDS, return_when=FIRST_COMPLETED)
+        for request_id, held in list(self._held.items()):
+            if not self._compiled(held):
                 continue
             del self._held[request_id]
-            error = future.exception()
+            compiled, serialized, seq = held
+            error = compiled.exception() or (serialized.exception() if serialized is not None else None)
             if error is not None:
                 logger.warning("request %s: %s", request_id, error)
                 released.failed.append((seq, str(error)))
-            else:
-                self._grammars[request_id] = future.result()
-                released.ready.append(seq)
+                continue
+            self._grammars[request_id] = compiled.result()
+            if serialized is not None and seq.params.structured_outputs is not None:
+                self._process_grammars[request_id] = (seq.params.structured_outputs.cache_key, serialized.result())
+            released.ready.append(seq)
         return released
+
+    @staticmethod
+    def _compiled(held: tuple[Future[xgrammar.CompiledGrammar], Future[str] | None, EngineSequence]) -> bool:
+        return held[0].done() and (held[1] is None or held[1].done())
 
     # ---- 3. building a step ------------------------------------------------------------------
     def fill_bitmask(self, seqs: Sequence[EngineSequence]) -> np.ndarray | None:
         """[S, ceil(V/32)] int32 for the step's sampling rows (bit j of word w allows token
         32 * w + j; rows without a grammar, or finished, allow every token); None when no row has a
         grammar. The array is one of two reused buffers: valid until the next fill but one."""
-        job = self._fill_job(seqs)
-        return None if job is None else self._fill(*job)
+        return self.fill_bitmask_async(seqs).result()
 
-    def fill_bitmask_async(self, seqs: Sequence[EngineSequence]) -> Future[np.ndarray | None]:
-        """fill_bitmask in a worker thread when fill_in_worker (the matchers must not advance until
-        it is done), else now. Until the worker's fill returns, the GIL switch interval is at most
-        FILL_SWITCH_INTERVAL_S, so the worker takes the GIL from this thread within that time (at its
-        start and at the fill's end) while this thread goes on with Python work."""
+    def fill_bitmask_async(self, seqs: Sequence[EngineSequence]) -> PendingBitmask:
+        """fill_bitmask, started: with the matcher process, sent to it (the matchers must not advance
+        until `.result()` returned); else filled now."""
+        if self._use_matcher_process or self._orphaned:
+            return self._fill_in_process(seqs)
+        done: Future[np.ndarray | None] = Future()
         job = self._fill_job(seqs)
-        if job is None or not self.fill_in_worker:
-            done: Future[np.ndarray | None] = Future()
-            done.set_result(None if job is None else self._fill(*job))
-            return done
-        if self._fill_pool is None:
-            self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nv-grammar-fill")
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, FILL_SWITCH_INTERVAL_S))
+        done.set_result(None if job is None else self._fill(*job))
+        return done
+
+    def _fill_in_process(self, seqs: Sequence[EngineSequence]) -> PendingBitmask:
+        rows: list[tuple[int, Hashable] | None] = []
+        grammars, terminated, orphaned = self._process_grammars, self._terminated, self._orphaned
+        for seq in seqs:
+            if seq.request_id in orphaned:
+                raise RuntimeError(f"request {seq.request_id}: its grammar matcher was lost with its process")
+            grammar = grammars.get(seq.request_id)
+            if grammar is None or seq.is_finished or seq.seq_id in terminated:
+                rows.append(None)
+                continue
+            rows.append((seq.seq_id, grammar[0]))
+        if all(row is None for row in rows):
+            return _NO_BITMASK
+        process = self.matcher_process
+        if process is None:
+            raise RuntimeError("structured outputs: no grammar matcher process")
+        for seq, row in zip(seqs, rows, strict=True):
+            if row is not None and seq.seq_id not in self._process_seqs:
+                self._process_seqs[seq.seq_id] = seq
+                key, grammar_json = grammars[seq.request_id]
+                if not process.has_grammar(key):
+                    process.add_grammar(key, grammar_json)
+        if self.compiler.tokenizer_info_json is not None:
+            process.set_tokenizer_info(self.compiler.tokenizer_info_json)
         try:
-            return self._fill_pool.submit(self._fill_then_restore, interval, *job)
-        except BaseException:
-            sys.setswitchinterval(interval)
+            return process.fill(rows)
+        except RuntimeError:
+            if not process.alive:
+                self._lose_matcher_process()
             raise
+
+    def _lose_matcher_process(self) -> None:
+        """The matcher process died: every request with a matcher there fails at its next step; the
+        next structured-outputs request starts a new process."""
+        if self.matcher_process is not None:
+            self.matcher_process.shutdown()
+        self.matcher_process = None
+        self._orphaned.update(seq.request_id for seq in self._process_seqs.values())
+        self._process_seqs.clear()
 
     def _fill_job(self, seqs: Sequence[EngineSequence]) -> tuple[
             xgrammar.BatchGrammarMatcher, np.ndarray, list[xgrammar.GrammarMatcher], list[int] | None] | None:
@@ -238,14 +328,6 @@ class StructuredOutputManager:
         """Fill the matchers' rows of `bitmask` ([S, W])."""
         filler.batch_fill_next_token_bitmask(matchers, bitmask, rows)
         return bitmask
-
-    def _fill_then_restore(self, interval: float, filler: xgrammar.BatchGrammarMatcher, bitmask: np.ndarray,
-                           matchers: list[xgrammar.GrammarMatcher], rows: list[int] | None) -> np.ndarray:
-        """The worker's fill; then (holding the GIL again) the switch interval goes back to `interval`."""
-        try:
-            return self._fill(filler, bitmask, matchers, rows)
-        finally:
-            sys.setswitchinterval(interval)
 
     def _bitmask_buffer(self, num_rows: int) -> np.ndarray:
         if not self._bitmasks or self._bitmasks[0].shape[0] < num_rows:
@@ -284,7 +366,11 @@ class StructuredOutputManager:
         """Advance the matchers of the step's sampling rows by their sampled tokens; the sequences to
         finish: STOP where the grammar took its stop token (the scheduler stops on it too, except
         under ignore_eos or min_tokens), ABORT where the token breaks the grammar (a ban such as min_tokens left
-        the row nothing the grammar allows)."""
+        the row nothing the grammar allows). With the matcher process the tokens are queued for its
+        next job, a stop token ends a row's grammar by its id, and the rejections are those its last
+        reply named (tokens of an earlier step)."""
+        if self._use_matcher_process or self._process_seqs:
+            return self._accept_in_process(seqs, token_ids)
         to_finish: list[tuple[EngineSequence, FinishReason]] = []
         get_matcher, terminated, stop_token_ids = self._matchers.get, self._terminated, self._stop_token_ids
         # One accept_token call per row: cheaper than BatchGrammarMatcher.batch_accept_token, whose lists
@@ -295,8 +381,7 @@ class StructuredOutputManager:
             if matcher is None or seq_id in terminated:
                 continue
             if not matcher.accept_token(token_id):
-                logger.warning("request %s: sampled token %d is outside its grammar; finishing it",
-                               seq.request_id, token_id)
+                self._warn_rejected(seq, token_id)
                 if not seq.is_finished:
                     to_finish.append((seq, FinishReason.ABORT))
             elif token_id in stop_token_ids:   # accepted a stop token: the grammar ended
@@ -305,19 +390,62 @@ class StructuredOutputManager:
                     to_finish.append((seq, FinishReason.STOP))
         return to_finish
 
+    def _accept_in_process(self, seqs: Sequence[EngineSequence], token_ids: Sequence[int]
+                           ) -> list[tuple[EngineSequence, FinishReason]]:
+        to_finish: list[tuple[EngineSequence, FinishReason]] = []
+        process, known = self.matcher_process, self._process_seqs
+        terminated, stop_token_ids = self._terminated, self._stop_token_ids
+        if process is not None:
+            for seq_id in process.take_rejected():
+                seq = known.get(seq_id)
+                if seq is not None:
+                    self._warn_rejected(seq, None)
+                    if not seq.is_finished:
+                        to_finish.append((seq, FinishReason.ABORT))
+        for seq, token_id in zip(seqs, token_ids, strict=True):
+            seq_id = seq.seq_id
+            if seq_id not in known or seq_id in terminated:
+                continue
+            if process is not None:
+                process.accept(seq_id, token_id)
+            if token_id in stop_token_ids:     # the mask allowed it: the grammar is complete and ends
+                terminated.add(seq_id)
+                if not seq.is_finished:
+                    to_finish.append((seq, FinishReason.STOP))
+        return to_finish
+
+    @staticmethod
+    def _warn_rejected(seq: EngineSequence, token_id: int | None) -> None:
+        logger.warning("request %s: sampled token %s is outside its grammar; finishing it", seq.request_id,
+                       "" if token_id is None else token_id)
+
     # ---- 5. end of a request -----------------------------------------------------------------
     def remove_request(self, request_id: str, seq_ids: Sequence[int]) -> None:
         """Forget a finished or aborted request (a held one is dropped; its compile stays cached)."""
         self._held.pop(request_id, None)
         self._grammars.pop(request_id, None)
+        self._process_grammars.pop(request_id, None)
+        self._orphaned.discard(request_id)
         for seq_id in seq_ids:
             self._matchers.pop(seq_id, None)
             self._terminated.discard(seq_id)
+            self._process_seqs.pop(seq_id, None)
+        if self.matcher_process is not None:
+            self.matcher_process.remove(seq_ids)
 
     def shutdown(self) -> None:
         if self._compiler is not None:
             self._compiler.shutdown()
-        if self._fill_pool is not None:
-            self._fill_pool.shutdown(wait=True, cancel_futures=True)
-            self._fill_pool = None
+        if self.matcher_process is not None:
+            self.matcher_process.shutdown()
+            self.matcher_process = None
 
+
+class _NoBitmask:
+    """The pending bitmask of a step where no row has a grammar."""
+
+    def result(self) -> None:
+        return None
+
+
+_NO_BITMASK = _NoBitmask()
