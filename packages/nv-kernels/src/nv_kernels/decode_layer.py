@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import triton
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
 from nv_kernels.decode_layer_kernel import decode_layer_kernel
 from nv_kernels.decode_tuning import choose_tile
@@ -100,12 +101,17 @@ def choose_splits(rows: int, num_kv_heads: int, max_seqlen_k: int, programs: int
 
 
 def _resident_per_sm(kernel: Any, device: torch.device, num_warps: int) -> int:
-    """Programs of a compiled kernel that fit on one SM at once (registers, shared memory, threads)."""
+    """Programs of a compiled kernel that fit on one SM at once (registers, shared memory, threads); 0 when
+    one program needs more shared memory than an SM has (a grid's tiles that cannot run)."""
     key = (id(kernel), device)
     if key not in _RESIDENT:
         init = getattr(kernel, "_init_handles", None)
         if init is not None:
-            init()
+            try:
+                init()
+            except OutOfResources:
+                _RESIDENT[key] = 0
+                return 0
         props = torch.cuda.get_device_properties(device)
         regs_per_warp = math.ceil(kernel.n_regs * 32 / 256) * 256
         by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * num_warps)
@@ -173,12 +179,12 @@ class DecodeLayer:
         from the compiled variant's registers and shared memory: a program that could not start would never
         arrive at the grid barrier. Cached per variant."""
         per_sm = MAX_PROGRAMS_PER_SM
-        while per_sm > 1:
+        while per_sm >= 1:
             kernel = launch(sms * per_sm, True)
             if _resident_per_sm(kernel, device, num_warps) >= per_sm:
-                break
+                return per_sm
             per_sm //= 2
-        return max(per_sm, 1)
+        raise ValueError("no grid of the persistent decoder-layer kernel fits this GPU (shared memory)")
 
     def __call__(self, hidden: Tensor, residual: Tensor | None, *, k_cache: Tensor, v_cache: Tensor,
                  seq_lens: Tensor, block_tables: Tensor, positions: Tensor, slot_mapping: Tensor,
