@@ -27,6 +27,8 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("xgrammar")
 
+from json_schemas import SCHEMAS  # noqa: E402
+
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from nv_engine.engine_sequence import EngineSequence  # noqa: E402
 from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
@@ -37,37 +39,6 @@ pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 MAX_TOKENS = 160
 PROMPTS = ["The quick brown fox", "Hello, world!", "def main():", "1 2 3"]
-
-SCHEMAS = [
-    # nested objects, required fields
-    {"type": "object", "additionalProperties": False, "required": ["user"],
-     "properties": {"user": {"type": "object", "additionalProperties": False, "required": ["id", "name"],
-                             "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
-                                            "name": {"type": "string", "maxLength": 6}}}}},
-    # enums
-    {"type": "object", "additionalProperties": False, "required": ["color", "size"],
-     "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"enum": [1, 2, 3]}}},
-    # an array with maxItems
-    {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "minItems": 1, "maxItems": 4},
-    # booleans and null, all required
-    {"type": "object", "additionalProperties": False, "required": ["ok", "note"],
-     "properties": {"ok": {"type": "boolean"}, "note": {"type": "null"}}},
-    # integers with bounds
-    {"type": "object", "additionalProperties": False, "required": ["age", "year"],
-     "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99},
-                    "year": {"type": "integer", "minimum": 1990, "maximum": 2030}}},
-    # a string with maxLength
-    {"type": "string", "maxLength": 5},
-    # an array of objects with maxItems
-    {"type": "array", "maxItems": 3,
-     "items": {"type": "object", "additionalProperties": False, "required": ["k", "v"],
-               "properties": {"k": {"enum": ["a", "b"]}, "v": {"type": "integer", "minimum": 0, "maximum": 9}}}},
-    # anyOf
-    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 100}, {"type": "string", "maxLength": 3}]},
-    # a string pattern
-    {"type": "string", "pattern": "^[a-z]{2,4}$"},
-]
-
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3_dir: Path):
