@@ -288,6 +288,7 @@ def test_a_dead_matcher_process_fails_its_requests_not_the_engine(llm):
             engine.step()
         process = manager.matcher_process
         assert process is not None and process.alive
+        assert not list(Path("/dev/shm").glob("nv-grammar-bitmask-*"))   # mapped on both sides, then unlinked
         process._process.kill()
         process._process.join()
         with pytest.raises(RuntimeError, match="matcher process"):

@@ -13,15 +13,17 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from nv_engine.structured_output.params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     import xgrammar
+
+_Result = TypeVar("_Result")
 
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the rest is the message.
 _XGRAMMAR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
@@ -102,36 +104,30 @@ class GrammarCompiler:
     def submit(self, params: StructuredOutputsParams) -> Future[xgrammar.CompiledGrammar]:
         """Parse (ValueError now if the constraint is bad) and compile in the pool; a Future of the
         compiled grammar. The same constraint shares one compile (cached)."""
-        key = params.cache_key
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None and not (cached.done() and cached.exception() is not None):
-                self._cache.move_to_end(key)
-                return cached
-        grammar = self.parse(params)
-        future = self._pool.submit(self._compile, grammar)
-        with self._lock:
-            self._cache[key] = future
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return future
+        return self._cached(self._cache, params.cache_key,
+                            lambda: self._pool.submit(self._compile, self.parse(params)))
 
     def submit_serialized(self, params: StructuredOutputsParams) -> Future[str]:
         """`submit`, then the compiled grammar serialized (CompiledGrammar.serialize_json) in the pool,
         for a matcher process; cached per constraint. Once one is done, tokenizer_info_json holds the
         tokenizer's TokenizerInfo serialized too."""
         compiled = self.submit(params)
-        key = params.cache_key
+        return self._cached(self._serialized, params.cache_key, lambda: self._pool.submit(self._serialize, compiled))
+
+    def _cached(self, cache: OrderedDict[tuple[str, str], Future[_Result]], key: tuple[str, str],
+                start: Callable[[], Future[_Result]]) -> Future[_Result]:
+        """The cached future of `key` (unless it failed), else `start()`'s, cached (least recently used
+        dropped beyond cache_size)."""
         with self._lock:
-            cached = self._serialized.get(key)
+            cached = cache.get(key)
             if cached is not None and not (cached.done() and cached.exception() is not None):
-                self._serialized.move_to_end(key)
+                cache.move_to_end(key)
                 return cached
-        future = self._pool.submit(self._serialize, compiled)
+        future = start()
         with self._lock:
-            self._serialized[key] = future
-            while len(self._serialized) > self.cache_size:
-                self._serialized.popitem(last=False)
+            cache[key] = future
+            while len(cache) > self.cache_size:
+                cache.popitem(last=False)
         return future
 
     def _serialize(self, compiled: Future[xgrammar.CompiledGrammar]) -> str:

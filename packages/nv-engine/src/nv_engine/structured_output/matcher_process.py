@@ -110,6 +110,8 @@ class MatcherProcess:
                     self._ready = self._conn.recv() == "ready"
             except (EOFError, OSError):   # died starting: `alive` tells
                 pass
+            if self._ready:
+                self._unlink_buffer()     # both sides have it mapped: nothing is left behind if either dies
         return self._ready
 
     def start(self) -> None:
@@ -168,6 +170,9 @@ class MatcherProcess:
             except BufferError:       # a bitmask view is still held: the mapping goes with it
                 pass
             self._mapping = None
+        self._unlink_buffer()
+
+    def _unlink_buffer(self) -> None:
         if self._buffer_path is not None:
             try:
                 os.unlink(self._buffer_path)
