@@ -26,9 +26,11 @@ the core's calls into it (and GrammarSampling) are the lines marked "structured 
 async scheduling: step N+1's forward is launched before step N's ids are back, its sampling waits
 for the bitmask filled after them (GrammarSampling's docstring). Between the fill's start and that
 sampling the core reports step N, and the next `_step` postprocesses step N+1 with placeholders,
-schedules step N+2 and builds its inputs (`_prepare`): host work that needs no bitmask, which a fill
-in a worker thread runs alongside. Step N+2 is handed to the runner (`_enqueue`) after step N+1 is
-sampled: its input ids are step N+1's sampled ids.
+schedules step N+2 and builds its inputs (`_prepare`): host work that needs no bitmask. Step N+2 is
+handed to the runner (`_enqueue`) after step N+1 is sampled: its input ids are step N+1's sampled ids.
+With the matchers in their own process (StructuredOutputManager.use_matcher_process) the core collects
+step N's ids right after sampling step N and sends them with step N+1's rows before it launches step
+N+1, so the process accepts and fills while this thread launches, reports and builds the next step.
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
