@@ -203,6 +203,7 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
     manager = core.structured_outputs
     try:
         manager.use_matcher_process = True          # accepted and filled in the matcher process
+        assert manager.start_matcher_process().wait_ready(120)
         assert run() == overlapped
         process = manager.matcher_process
         assert process is not None and process.alive
@@ -248,12 +249,14 @@ def test_the_matcher_process_fills_while_the_engine_thread_launches(llm, monkeyp
         raise AssertionError("xgrammar ran in the engine's thread")
 
     monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(no_xgrammar_here))
-    monkeypatch.setattr(MatcherProcess, "fill", lambda self, rows: (events.append("job sent"), send(self, rows))[1])
+    monkeypatch.setattr(MatcherProcess, "fill",
+                        lambda self, rows, then=None: (events.append("job sent"), send(self, rows, then))[1])
     monkeypatch.setattr(MatcherReply, "result", lambda self: (events.append("reply"), wait(self))[1])
     monkeypatch.setattr(core, "_prepare", record("prepare", prepare))
     monkeypatch.setattr(executor, "launch", record("launch", launch))
     monkeypatch.setattr(executor, "sample", record("sample", sample))
     manager.use_matcher_process = True
+    assert manager.start_matcher_process().wait_ready(120)
     try:
         outputs = llm.generate(PROMPTS[:3], [constrained(json=SCHEMAS[i]) for i in range(3)], use_tqdm=False)
     finally:
@@ -279,6 +282,7 @@ def test_a_dead_matcher_process_fails_its_requests_not_the_engine(llm):
     core = engine.core
     manager = core.structured_outputs
     manager.use_matcher_process = True
+    assert manager.start_matcher_process().wait_ready(120)
     try:
         for i in range(3):
             engine.add_request(f"killed-{i}", PROMPTS[i], constrained(seed=i, temperature=1.0, json=SCHEMAS[0]))
@@ -288,7 +292,7 @@ def test_a_dead_matcher_process_fails_its_requests_not_the_engine(llm):
             engine.step()
         process = manager.matcher_process
         assert process is not None and process.alive
-        assert not list(Path("/dev/shm").glob("nv-grammar-bitmask-*"))   # mapped on both sides, then unlinked
+        assert process.buffer_path is not None and not Path(process.buffer_path).exists()   # mapped, then unlinked
         process._process.kill()
         process._process.join()
         with pytest.raises(RuntimeError, match="matcher process"):
@@ -347,18 +351,23 @@ def test_abort_while_a_step_waits_for_its_bitmask(llm):
     assert not core.structured_outputs.active
 
 
-@pytest.mark.parametrize("in_process", [False, True], ids=["engine-process", "matcher-process"])
+@pytest.mark.parametrize("placement", ["engine-process", "matcher-process", "both"])
 @pytest.mark.parametrize("layout", ["GGGG", "GGP", "PGPGG"])   # G: a grammar row, P: a plain row
-def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout, in_process):
+def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout, placement, monkeypatch):
     """The manager's step (one batched fill: rows 0..k-1 without an index list, other layouts with
-    one; plain rows all ones; then one accept per row), here or in the matcher process, gives every
-    row the bitmask its own matcher fills, step after step, until the grammars end."""
+    one; plain rows all ones; then one accept per row), with the matchers here, in the matcher process,
+    or both (the first grammar rows released before the process served), gives every row the bitmask
+    its own matcher fills, step after step, until the grammars end."""
     import xgrammar
 
     core = llm.llm_engine.core
     tokenizer = llm.get_tokenizer()
     manager = StructuredOutputManager(lambda: tokenizer, core.vocab_size, sorted(core.eos_token_ids))
-    manager.use_matcher_process = in_process
+    manager.use_matcher_process = placement != "engine-process"
+    if placement == "both":              # the process does not serve yet: the first rows stay here
+        monkeypatch.setattr(MatcherProcess, "ready", property(lambda self: False))
+    elif placement == "matcher-process":
+        assert manager.start_matcher_process().wait_ready(120)
     plain = SamplingParams(max_tokens=MAX_TOKENS)
     seqs, own = [], []
     for row, kind in enumerate(layout):
@@ -370,10 +379,16 @@ def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout, in_pr
             manager.hold(seq)
             assert params.structured_outputs is not None
             own.append(xgrammar.GrammarMatcher(manager.compiler.submit(params.structured_outputs).result()))
+            while manager.num_held:
+                manager.release(wait=True)
+            if placement == "both" and sum(matcher is not None for matcher in own) == 1:   # the first grammar row
+                monkeypatch.undo()           # from the next grammar row on: in the process
+                assert manager.start_matcher_process().wait_ready(120)
         else:
             own.append(None)
-    while manager.num_held:
-        manager.release(wait=True)
+    placed = sum(seq.request_id in manager._process_grammars for seq in seqs)
+    assert placed == {"engine-process": 0, "matcher-process": layout.count("G"),
+                      "both": layout.count("G") - 1}[placement]
     width = manager.bitmask_width
     ended = set()
     for _ in range(MAX_TOKENS):

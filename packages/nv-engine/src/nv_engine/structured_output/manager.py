@@ -29,7 +29,9 @@ Where the matchers live:
   engine's thread does the rest of its host work (the report, the next step's schedule and inputs),
   and the engine reads the bitmask when it samples. A stop token is known by its id at once; a token
   the grammar rejects is known one step later (a reply's `rejected`), and its sequence aborts then.
-  The process starts at the first structured-outputs request; requests wait (held) until it serves.
+  The process starts at the first structured-outputs request (importing xgrammar and torch takes it
+  seconds); requests released before it serves keep their matchers in this process for their whole
+  life, so none waits for it, and a step may hold rows of both kinds.
 Rows without a grammar allow every token; finished rows too (their token is dropped).
 """
 from __future__ import annotations
@@ -192,30 +194,35 @@ class StructuredOutputManager:
         serialized = None
         if self.use_matcher_process:
             serialized = self.compiler.submit_serialized(params)
-            if self.matcher_process is None:
-                self.matcher_process = MatcherProcess(self.max_rows, self.bitmask_width, self.pin_memory)
-                self.matcher_process.start()
+            self.start_matcher_process()
         self._held[seq.request_id] = (compiled, serialized, seq)
+
+    def start_matcher_process(self) -> MatcherProcess:
+        """The matcher process, started now if it is not running (`ready` tells when it serves; the
+        first structured-outputs request starts it otherwise)."""
+        if self.matcher_process is None:
+            self.matcher_process = MatcherProcess(self.max_rows, self.bitmask_width, self.pin_memory)
+            self.matcher_process.start()
+        return self.matcher_process
 
     # ---- 2. start of a step ------------------------------------------------------------------
     def release(self, wait: bool = False) -> ReleasedRequests:
-        """The held requests whose compile ended (and, with the matcher process, once it serves).
-        wait=True: if none has, wait up to RELEASE_WAIT_SECONDS for one."""
+        """The held requests whose compile ended. With the matcher process, those released once it serves
+        get their matchers there, earlier ones keep theirs in this process. wait=True: if none has
+        ended, wait up to RELEASE_WAIT_SECONDS for one."""
         released = ReleasedRequests()
         if not self._held:
             return released
         process = self.matcher_process
-        if self._use_matcher_process and process is not None and not process.ready:
-            if wait:
-                process.wait_ready(RELEASE_WAIT_SECONDS)
-            if not process.ready:
-                if process.alive:
-                    return released
-                # it died before it served (nothing of it is in use): the matchers stay in this process
-                logger.warning("the grammar matcher process ended at its start (exit code %s): "
-                               "matching grammars in the engine's process", process.exitcode)
-                self._use_matcher_process = False
-                self._lose_matcher_process()
+        if process is not None and not process.ready and not process.alive:
+            # it died before it served (nothing of it is in use): the matchers stay in this process
+            logger.warning("the grammar matcher process ended at its start (exit code %s): "
+                           "matching grammars in the engine's process", process.exitcode)
+            self._use_matcher_process = False
+            self._lose_matcher_process()
+            process = None
+        # a request released before the process serves keeps its matcher here (no request waits for it)
+        to_process = process is not None and process.ready
         futures: list[Future[Any]] = [future for held in self._held.values() for future in held[:2]
                                       if future is not None]
         if wait and not any(self._compiled(held) for held in self._held.values()):
@@ -231,7 +238,7 @@ class StructuredOutputManager:
                 released.failed.append((seq, str(error)))
                 continue
             self._grammars[request_id] = compiled.result()
-            if serialized is not None and seq.params.structured_outputs is not None:
+            if to_process and serialized is not None and seq.params.structured_outputs is not None:
                 self._process_grammars[request_id] = (seq.params.structured_outputs.cache_key, serialized.result())
             released.ready.append(seq)
         return released
@@ -248,14 +255,21 @@ class StructuredOutputManager:
         return self.fill_bitmask_async(seqs).result()
 
     def fill_bitmask_async(self, seqs: Sequence[EngineSequence]) -> PendingBitmask:
-        """fill_bitmask, started: with the matcher process, sent to it (the matchers must not advance
-        until `.result()` returned); else filled now."""
-        if self._use_matcher_process or self._orphaned:
+        """fill_bitmask, started: the rows whose matchers live in the matcher process are sent to it (the
+        matchers must not advance until `.result()` returned), the others are filled here (at once, or
+        once the process replied when the step has rows of both)."""
+        if self._process_grammars or self._orphaned:
             return self._fill_in_process(seqs)
-        done: Future[np.ndarray | None] = Future()
-        job = self._fill_job(seqs)
-        done.set_result(None if job is None else self._fill(*job))
-        return done
+        return _done(self._fill_here(seqs))
+
+    def _fill_here(self, seqs: Sequence[EngineSequence]) -> np.ndarray | None:
+        matchers, rows = self._local_matchers(seqs)
+        if not matchers:
+            return None
+        bitmask = self._bitmask_buffer(len(seqs))
+        if len(matchers) < len(seqs):
+            bitmask[...] = -1
+        return self._fill(self._batch_matcher(len(matchers)), bitmask, matchers, rows)
 
     def _fill_in_process(self, seqs: Sequence[EngineSequence]) -> PendingBitmask:
         rows: list[tuple[int, Hashable] | None] = []
@@ -269,7 +283,7 @@ class StructuredOutputManager:
                 continue
             rows.append((seq.seq_id, grammar[0]))
         if all(row is None for row in rows):
-            return _NO_BITMASK
+            return _done(self._fill_here(seqs))
         process = self.matcher_process
         if process is None:
             raise RuntimeError("structured outputs: no grammar matcher process")
@@ -281,30 +295,40 @@ class StructuredOutputManager:
                     process.add_grammar(key, grammar_json)
         if self.compiler.tokenizer_info_json is not None:
             process.set_tokenizer_info(self.compiler.tokenizer_info_json)
+        local = any(row is None and seq.request_id in self._grammars for seq, row in zip(seqs, rows, strict=True))
         try:
-            return process.fill(rows)
+            return process.fill(rows, then=(lambda bitmask: self._fill_rows_here(bitmask, seqs)) if local else None)
         except RuntimeError:
             if not process.alive:
                 self._lose_matcher_process()
             raise
 
+    def _fill_rows_here(self, bitmask: np.ndarray, seqs: Sequence[EngineSequence]) -> None:
+        """Fill the rows of the matchers in this process into `bitmask` (the process's, its other rows done)."""
+        matchers, rows = self._local_matchers(seqs)
+        if matchers:
+            self._fill(self._batch_matcher(len(matchers)), bitmask, matchers, rows)
+
     def _lose_matcher_process(self) -> None:
-        """The matcher process died: every request with a matcher there fails at its next step; the
-        next structured-outputs request starts a new process."""
+        """The matcher process died: every request with a matcher there fails at its next step (those
+        released to it with no matcher there yet move to this process); the next structured-outputs
+        request starts a new process."""
         if self.matcher_process is not None:
             self.matcher_process.shutdown()
         self.matcher_process = None
-        self._orphaned.update(seq.request_id for seq in self._process_seqs.values())
+        lost = {seq.request_id for seq in self._process_seqs.values()}
+        self._orphaned.update(lost)
         self._process_seqs.clear()
+        for request_id in [r for r in self._process_grammars if r not in lost]:
+            del self._process_grammars[request_id]
 
-    def _fill_job(self, seqs: Sequence[EngineSequence]) -> tuple[
-            xgrammar.BatchGrammarMatcher, np.ndarray, list[xgrammar.GrammarMatcher], list[int] | None] | None:
-        """(the batch filler, the step's bitmask buffer, the matchers to fill, their rows: None for the
-        first len(matchers) rows); the buffer's other rows allow every token (xgrammar writes a filled row
-        whole). None when no row has a grammar."""
-        if not self._grammars:
-            return None
+    def _local_matchers(self, seqs: Sequence[EngineSequence]) -> tuple[list[xgrammar.GrammarMatcher], list[int] | None]:
+        """The matchers in this process to fill for the step's rows, and their rows (None: rows
+        0..k-1, the usual case, which xgrammar then needs no index list for: converting one costs
+        about as much as the fill of 64 rows)."""
         matchers, rows = [], []
+        if not self._grammars:
+            return matchers, None
         get_matcher, terminated = self._matchers.get, self._terminated
         for row, seq in enumerate(seqs):
             matcher = get_matcher(seq.seq_id)
@@ -313,14 +337,7 @@ class StructuredOutputManager:
             if matcher is not None and not seq.is_finished and seq.seq_id not in terminated:
                 matchers.append(matcher)
                 rows.append(row)
-        if not matchers:
-            return None
-        bitmask = self._bitmask_buffer(len(seqs))
-        if len(rows) < len(seqs):
-            bitmask[...] = -1
-        # rows 0..k-1 (every row has a grammar, the usual case): no index list, which xgrammar converts
-        # element by element (about as costly as the fill of 64 rows)
-        return self._batch_matcher(len(rows)), bitmask, matchers, None if rows[-1] == len(rows) - 1 else rows
+        return matchers, None if not rows or rows[-1] == len(rows) - 1 else rows
 
     @staticmethod
     def _fill(filler: xgrammar.BatchGrammarMatcher, bitmask: np.ndarray, matchers: list[xgrammar.GrammarMatcher],
@@ -355,7 +372,7 @@ class StructuredOutputManager:
     def _new_matcher(self, seq: EngineSequence) -> xgrammar.GrammarMatcher | None:
         """A matcher for a sequence of a request with a grammar (None without one)."""
         grammar = self._grammars.get(seq.request_id)
-        if grammar is None:
+        if grammar is None or seq.request_id in self._process_grammars:
             return None
         matcher = self._matchers[seq.seq_id] = import_xgrammar().GrammarMatcher(grammar)
         return matcher
@@ -366,49 +383,38 @@ class StructuredOutputManager:
         """Advance the matchers of the step's sampling rows by their sampled tokens; the sequences to
         finish: STOP where the grammar took its stop token (the scheduler stops on it too, except
         under ignore_eos or min_tokens), ABORT where the token breaks the grammar (a ban such as min_tokens left
-        the row nothing the grammar allows). With the matcher process the tokens are queued for its
-        next job, a stop token ends a row's grammar by its id, and the rejections are those its last
-        reply named (tokens of an earlier step)."""
-        if self._use_matcher_process or self._process_seqs:
-            return self._accept_in_process(seqs, token_ids)
+        the row nothing the grammar allows). A matcher in the matcher process gets its token with the
+        next job: its stop token ends the grammar by its id, and its rejections are those the process's
+        last reply named (tokens of an earlier step)."""
         to_finish: list[tuple[EngineSequence, FinishReason]] = []
+        process, in_process = self.matcher_process, self._process_seqs
+        if process is not None:
+            for seq_id in process.take_rejected():
+                seq = in_process.get(seq_id)
+                if seq is not None:
+                    self._warn_rejected(seq, None)
+                    if not seq.is_finished:
+                        to_finish.append((seq, FinishReason.ABORT))
         get_matcher, terminated, stop_token_ids = self._matchers.get, self._terminated, self._stop_token_ids
         # One accept_token call per row: cheaper than BatchGrammarMatcher.batch_accept_token, whose lists
         # of handles and per-element reads of the result cost more than the (sequential) accepts.
         for seq, token_id in zip(seqs, token_ids, strict=True):
             seq_id = seq.seq_id
-            matcher = get_matcher(seq_id)
-            if matcher is None or seq_id in terminated:
+            if seq_id in terminated:
                 continue
-            if not matcher.accept_token(token_id):
-                self._warn_rejected(seq, token_id)
-                if not seq.is_finished:
-                    to_finish.append((seq, FinishReason.ABORT))
-            elif token_id in stop_token_ids:   # accepted a stop token: the grammar ended
-                terminated.add(seq_id)
-                if not seq.is_finished:
-                    to_finish.append((seq, FinishReason.STOP))
-        return to_finish
-
-    def _accept_in_process(self, seqs: Sequence[EngineSequence], token_ids: Sequence[int]
-                           ) -> list[tuple[EngineSequence, FinishReason]]:
-        to_finish: list[tuple[EngineSequence, FinishReason]] = []
-        process, known = self.matcher_process, self._process_seqs
-        terminated, stop_token_ids = self._terminated, self._stop_token_ids
-        if process is not None:
-            for seq_id in process.take_rejected():
-                seq = known.get(seq_id)
-                if seq is not None:
-                    self._warn_rejected(seq, None)
+            if seq_id in in_process:
+                if process is not None:
+                    process.accept(seq_id, token_id)
+            else:
+                matcher = get_matcher(seq_id)
+                if matcher is None:
+                    continue
+                if not matcher.accept_token(token_id):
+                    self._warn_rejected(seq, token_id)
                     if not seq.is_finished:
                         to_finish.append((seq, FinishReason.ABORT))
-        for seq, token_id in zip(seqs, token_ids, strict=True):
-            seq_id = seq.seq_id
-            if seq_id not in known or seq_id in terminated:
-                continue
-            if process is not None:
-                process.accept(seq_id, token_id)
-            if token_id in stop_token_ids:     # the mask allowed it: the grammar is complete and ends
+                    continue
+            if token_id in stop_token_ids:   # accepted (or, in the process, allowed by the mask): the grammar ended
                 terminated.add(seq_id)
                 if not seq.is_finished:
                     to_finish.append((seq, FinishReason.STOP))
@@ -441,11 +447,8 @@ class StructuredOutputManager:
             self.matcher_process = None
 
 
-class _NoBitmask:
-    """The pending bitmask of a step where no row has a grammar."""
-
-    def result(self) -> None:
-        return None
-
-
-_NO_BITMASK = _NoBitmask()
+def _done(bitmask: np.ndarray | None) -> Future[np.ndarray | None]:
+    """A pending bitmask that is already filled."""
+    done: Future[np.ndarray | None] = Future()
+    done.set_result(bitmask)
+    return done

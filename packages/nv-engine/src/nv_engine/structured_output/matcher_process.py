@@ -11,7 +11,8 @@ on with its own work (the report, the next step's schedule and inputs); by the t
 reply is usually there.
 
 The child (MatcherProcessChild) is spawned at the first structured-outputs request and is `ready` once
-it has imported xgrammar and mapped the shared buffer (the manager admits no grammar request before).
+it has imported xgrammar and mapped the shared buffer (the manager keeps the matchers of requests
+released before that in its own process; `then` fills their rows into the reply's bitmask).
 Per step the parent sends one job (`fill`): the grammars and matchers to create (each grammar's
 serialized form once), the sampled tokens queued by `accept` since the last job, the sequences
 queued by `remove`, and one sequence id per bitmask row; the reply (`MatcherReply.result()`) is the
@@ -35,7 +36,7 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,15 +54,20 @@ MAX_CHILD_GRAMMARS = 64
 class MatcherReply:
     """The bitmask of one job, once the child replied (`result`)."""
 
-    def __init__(self, owner: MatcherProcess, job_id: int, bitmask: np.ndarray) -> None:
+    def __init__(self, owner: MatcherProcess, job_id: int, bitmask: np.ndarray,
+                 then: Callable[[np.ndarray], None] | None = None) -> None:
         self._owner = owner
         self.job_id = job_id
         self._bitmask = bitmask
+        self._then = then          # fills the rows the child left to the parent, once it replied
 
     def result(self) -> np.ndarray:
         """The filled bitmask; waits for the child's reply. RuntimeError when the job failed there
         or the child died."""
         self._owner.wait_for(self.job_id)
+        then, self._then = self._then, None
+        if then is not None:
+            then(self._bitmask)
         return self._bitmask
 
 
@@ -76,7 +82,8 @@ class MatcherProcess:
         self._conn: Any = None                 # our end of the pipe (multiprocessing Connection)
         self._ready = False
         self._mapping: mmap.mmap | None = None
-        self._buffer_path: str | None = None
+        self.buffer_path: str | None = None        # the shared file (unlinked once both sides mapped it)
+        self._buffer_linked = False
         self._bitmasks: np.ndarray | None = None   # [2, max_rows, width] int32 over the mapping
         self._registered = False                   # the mapping is page-locked through CUDA
         self._job_id = 0
@@ -120,7 +127,8 @@ class MatcherProcess:
             return
         size = 2 * self.max_rows * self.width * 4
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, self._buffer_path = tempfile.mkstemp(prefix="nv-grammar-bitmask-", dir=folder)
+        fd, self.buffer_path = tempfile.mkstemp(prefix="nv-grammar-bitmask-", dir=folder)
+        self._buffer_linked = True
         try:
             os.ftruncate(fd, size)
             self._mapping = mmap.mmap(fd, size)
@@ -132,7 +140,7 @@ class MatcherProcess:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._process = ctx.Process(target=MatcherProcessChild.main, name="nv-grammar-matchers", daemon=True,
-                                    args=(child_conn, self._buffer_path, self.max_rows, self.width))
+                                    args=(child_conn, self.buffer_path, self.max_rows, self.width))
         self._process.start()
         child_conn.close()
 
@@ -173,12 +181,12 @@ class MatcherProcess:
         self._unlink_buffer()
 
     def _unlink_buffer(self) -> None:
-        if self._buffer_path is not None:
+        if self._buffer_linked and self.buffer_path is not None:
+            self._buffer_linked = False
             try:
-                os.unlink(self._buffer_path)
+                os.unlink(self.buffer_path)
             except OSError:
                 pass
-            self._buffer_path = None
 
     def _register(self) -> None:
         """Page-lock the mapping through CUDA (the runner then copies from it directly); left
@@ -250,9 +258,11 @@ class MatcherProcess:
         return rejected
 
     # ---- one step ----------------------------------------------------------------------------
-    def fill(self, rows: Sequence[tuple[int, Hashable] | None]) -> MatcherReply:
+    def fill(self, rows: Sequence[tuple[int, Hashable] | None],
+             then: Callable[[np.ndarray], None] | None = None) -> MatcherReply:
         """Send the step's job: per bitmask row (seq id, grammar key), or None for a row that allows
-        every token. The grammar of a key must have been added. The reply holds the bitmask."""
+        every token (or that `then`, called with the bitmask once the child replied, fills). The grammar
+        of a key must have been added. The reply holds the bitmask."""
         if not self.ready or self._bitmasks is None:
             raise RuntimeError("the grammar matcher process is not ready")
         if len(rows) > self.max_rows:
@@ -287,7 +297,7 @@ class MatcherProcess:
         except (OSError, ValueError) as exc:
             self._answered = self._job_id
             raise RuntimeError(f"the grammar matcher process is gone: {exc}") from None
-        return MatcherReply(self, self._job_id, self._bitmasks[buffer, :len(rows)])
+        return MatcherReply(self, self._job_id, self._bitmasks[buffer, :len(rows)], then)
 
     def wait_for(self, job_id: int) -> None:
         """Read replies up to job `job_id`. RuntimeError when that job failed or the child died."""
