@@ -16,10 +16,10 @@ released before that in its own process; `then` fills their rows into the reply'
 Per step the parent sends one job (`fill`): the grammars and matchers to create (each grammar's
 serialized form once), the sampled tokens queued by `accept` since the last job, the sequences
 queued by `remove`, and one sequence id per bitmask row; the reply (`MatcherReply.result()`) is the
-filled [rows, W] int32 bitmask, a view into one of two halves of a shared file mapping that alternate
-by job (a half is rewritten two jobs later, after the step that read it was collected, as with the
-in-process buffers). With pin_memory the mapping is registered with CUDA as page-locked, so the
-runner copies it to the device as it is.
+filled [rows, W] int32 bitmask, a view into one of two halves of a shared file mapping (the file is
+unlinked once both sides mapped it) that alternate by job (a half is rewritten two jobs later, after
+the step that read it was collected, as with the in-process buffers). With pin_memory the mapping is
+registered with CUDA as page-locked, so the runner copies it to the device as it is.
 
 The matchers' verdicts come one job late: a token the grammar rejects (possible only where a ban
 such as min_tokens left a row nothing its grammar allows) is reported with the next job's reply
@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import tempfile
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -49,6 +50,14 @@ logger = logging.getLogger(__name__)
 REPLY_POLL_SECONDS = 0.5
 # Grammars the child keeps; beyond this, the least recently used one that no matcher uses is dropped.
 MAX_CHILD_GRAMMARS = 64
+
+
+def _unlink_quietly(path: str) -> None:
+    """Remove a file that may be gone already (the child unlinks the shared buffer once it mapped it)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class MatcherReply:
@@ -117,8 +126,6 @@ class MatcherProcess:
                     self._ready = self._conn.recv() == "ready"
             except (EOFError, OSError):   # died starting: `alive` tells
                 pass
-            if self._ready:
-                self._unlink_buffer()     # both sides have it mapped: nothing is left behind if either dies
         return self._ready
 
     def start(self) -> None:
@@ -129,6 +136,9 @@ class MatcherProcess:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, self.buffer_path = tempfile.mkstemp(prefix="nv-grammar-bitmask-", dir=folder)
         self._buffer_linked = True
+        # the child unlinks the file once it mapped it; before that, this side does when it shuts the
+        # child down or is dropped without doing so
+        weakref.finalize(self, _unlink_quietly, self.buffer_path)
         try:
             os.ftruncate(fd, size)
             self._mapping = mmap.mmap(fd, size)
@@ -183,10 +193,7 @@ class MatcherProcess:
     def _unlink_buffer(self) -> None:
         if self._buffer_linked and self.buffer_path is not None:
             self._buffer_linked = False
-            try:
-                os.unlink(self.buffer_path)
-            except OSError:
-                pass
+            _unlink_quietly(self.buffer_path)
 
     def _register(self) -> None:
         """Page-lock the mapping through CUDA (the runner then copies from it directly); left

@@ -14,6 +14,7 @@ The process holds no GIL its parent needs: that is why it exists (see MatcherPro
 from __future__ import annotations
 
 import mmap
+import os
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ class MatcherProcessChild:
         self.conn = conn
         with open(buffer_path, "r+b") as f:
             self._mapping = mmap.mmap(f.fileno(), 2 * max_rows * width * 4)
+        os.unlink(buffer_path)   # both sides have it mapped now: nothing is left behind when either ends
         # [2, max_rows, width] int32: the job's buffer index picks the half
         self.bitmasks = np.frombuffer(self._mapping, dtype=np.int32).reshape(2, max_rows, width)
         self.tokenizer_info: xgrammar.TokenizerInfo | None = None
