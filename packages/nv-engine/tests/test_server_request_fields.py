@@ -87,13 +87,22 @@ DEFAULTS = {"n": 1, "echo": False, "best_of": 1, "frequency_penalty": 0, "presen
 # Non-default values of the fields nv does not implement (each must be a 400 naming the field) ...
 REFUSED = {"best_of": 3, "suffix": " the end", "audio": {"voice": "alloy", "format": "wav"},
                "function_call": "auto", "functions": [{"name": "f", "parameters": {}}],
-               "modalities": ["text", "audio"], "moderation": {"model": "m"}, "parallel_tool_calls": False,
+               "modalities": ["text", "audio"], "moderation": {"model": "m"},
                "prediction": {"type": "content", "content": "x"}, "prompt_cache_options": {"ttl": 5},
                "prompt_cache_retention": "24h", "reasoning_effort": "low",
                "service_tier": "flex", "store": True,
                "verbosity": "low", "web_search_options": {}}
 # ... and of the ones it ignores (bookkeeping for the caller)
 IGNORED = {"user": "someone", "metadata": {"k": "v"}, "prompt_cache_key": "key", "safety_identifier": "id"}
+
+
+def one_call_then_end(body: dict, post: typing.Callable, overrides: dict) -> bool:
+    """The answer is one forced call that ends the output, where the same request with parallel calls
+    allowed is not."""
+    choice = body["choices"][0]
+    allowed = post({k: v for k, v in overrides.items() if k != "parallel_tool_calls"}).json()["choices"][0]
+    return (choice["finish_reason"] == "tool_calls" and len(choice["message"]["tool_calls"]) == 1
+            and (allowed["finish_reason"], len(allowed["message"]["tool_calls"] or [])) != ("tool_calls", 1))
 
 
 def honoured_cases(endpoint: str, server, post) -> dict[str, tuple[dict, typing.Callable]]:
@@ -132,6 +141,9 @@ def honoured_cases(endpoint: str, server, post) -> dict[str, tuple[dict, typing.
                 len(top) == 2 for top in r.json()["choices"][0]["logprobs"]["top_logprobs"])),
         })
     else:
+        comma = tok.encode(",", add_special_tokens=False)
+        one_call = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 120, "parallel_tool_calls": False,
+                    "logit_bias": {str(comma[0]): 30}}
         cases.update({
             "max_completion_tokens": ({"max_completion_tokens": 2},
                                       lambda r: r.json()["usage"]["completion_tokens"] == 2),
@@ -145,6 +157,8 @@ def honoured_cases(endpoint: str, server, post) -> dict[str, tuple[dict, typing.
                       lambda r: r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"),
             "tool_choice": ({"tools": TOOLS, "tool_choice": "required", "max_tokens": 40},
                             lambda r: r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"),
+            # "required" writes one call and ends, where without the flag a bias towards "," makes more calls
+            "parallel_tool_calls": (one_call, lambda r: one_call_then_end(r.json(), post, one_call)),
         })
     return cases
 

@@ -153,6 +153,27 @@ def test_forced_calls_parsers_and_schema():
     assert named.json_schema == WEATHER and named.forced
 
 
+def test_parallel_tool_calls_false_keeps_one_call():
+    """parallel_tool_calls=false: "required" forces exactly one call (the schema); "auto" keeps the first
+    call the model wrote, plain and at every cut of the stream; "auto" without the flag keeps them all."""
+    two = [{"name": "get_weather", "parameters": {"city": "Rome"}}, {"name": "get_time", "parameters": {}}]
+    ask = [{"role": "user", "content": "hi"}]
+    options = ChatParsingOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    required = ChatOutputPlan(ChatCompletionRequest(messages=ask, tools=TOOLS, tool_choice="required",
+                                                    parallel_tool_calls=False), options).json_schema
+    assert required is not None
+    jsonschema.validate(two[:1], required)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(two, required)
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>\n'
+            '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    for parallel, expected in ((False, 1), (None, 2), (True, 2)):
+        plan = ChatOutputPlan(ChatCompletionRequest(messages=ask, tools=TOOLS, parallel_tool_calls=parallel),
+                              options)
+        got = check_plain_and_streamed(lambda plan=plan: plan.output_parser(""), text)
+        assert [c["name"] for c in got.calls] == ["get_weather", "get_time"][:expected]
+
+
 def qwen3(prompt_tail: str, tools: bool = False):
     return lambda: ChatOutputParser(reasoning_parser=Qwen3ReasoningParser(prompt_tail),
                                     tool_parser=HermesToolParser() if tools else None)

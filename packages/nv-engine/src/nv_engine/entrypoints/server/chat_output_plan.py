@@ -5,7 +5,8 @@ function), and the parser each choice's output goes through. Request errors are 
 tool_choice "required" and a named function work with any chat template: the grammar forces the
 output (the arguments object; or an array of {"name", "parameters"} items, as vLLM does) and a parser
 that does not depend on the template reads it back. "auto" (the default when tools are sent) needs
-`--enable-auto-tool-choice --tool-call-parser NAME`: the model writes calls in its template's format."""
+`--enable-auto-tool-choice --tool-call-parser NAME`: the model writes calls in its template's format.
+parallel_tool_calls=false: "required" forces exactly one call; "auto" keeps the first call the model wrote."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +17,7 @@ from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.protocol import ChatCompletionRequest
 from nv_engine.entrypoints.server.reasoning.registry import REASONING_PARSERS
+from nv_engine.entrypoints.server.tool_parsers.first_call_tool_parser import FirstCallToolParser
 from nv_engine.entrypoints.server.tool_parsers.named_function_tool_parser import NamedFunctionToolParser
 from nv_engine.entrypoints.server.tool_parsers.registry import TOOL_PARSERS
 from nv_engine.entrypoints.server.tool_parsers.required_tool_parser import RequiredToolParser
@@ -46,6 +48,7 @@ class ChatOutputPlan:
             raise APIError(f"tool_choice names the function {choice.function.name!r}, which is not in "
                            f"tools ({', '.join(names)}).", param="tool_choice")
         self.tool_choice: str | NamedToolChoice = choice
+        self.one_call = req.parallel_tool_calls is False   # at most one call (a named function makes one)
 
     # ------------------------------------------------------------------------------- sampling
     @property
@@ -63,7 +66,8 @@ class ChatOutputPlan:
             name = self.tool_choice.function.name
             return self._parameters(next(t for t in self.tools if t.function.name == name))
         if self.tool_choice == "required":
-            return RequiredToolParser.json_schema([(t.function.name, self._parameters(t)) for t in self.tools])
+            return RequiredToolParser.json_schema([(t.function.name, self._parameters(t)) for t in self.tools],
+                                                  one_call=self.one_call)
         return None
 
     def constrain(self, params: Any) -> Any:
@@ -97,7 +101,8 @@ class ChatOutputPlan:
         if self.tool_choice == "required":
             return RequiredToolParser()
         if self.tool_choice == "auto" and self.options.tool_call_parser is not None:
-            return TOOL_PARSERS[self.options.tool_call_parser]()
+            parser = TOOL_PARSERS[self.options.tool_call_parser]()
+            return FirstCallToolParser(parser) if self.one_call else parser
         return None
 
     def output_parser(self, prompt_tail: str) -> ChatOutputParser:

@@ -160,6 +160,7 @@ class ChatCompletionRequest(SamplingRequest):
     add_special_tokens: bool = False   # the template writes them
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None   # False: at most one tool call per answer
 
 
 class TokenizeRequest(BaseModel):

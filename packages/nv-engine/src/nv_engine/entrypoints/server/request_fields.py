@@ -71,7 +71,7 @@ _FIELDS: list[RequestField] = [
     *[RequestField(n, Treatment.IGNORED, _CHAT)
       for n in ("metadata", "prompt_cache_key", "safety_identifier")],
     *_default_only("store", False, endpoints=_CHAT),
-    *_default_only("parallel_tool_calls", True, endpoints=_CHAT),
+    *_honoured("parallel_tool_calls", _CHAT),
     *_honoured("tools tool_choice", _CHAT),
     *_default_only("functions", [], endpoints=_CHAT),          # the deprecated spelling of tools
     *_default_only("function_call", "none", endpoints=_CHAT),

@@ -10,11 +10,13 @@ from nv_engine.entrypoints.server.tool_parsers.tool_parser import ToolParser
 
 class RequiredToolParser(ToolParser):
     @staticmethod
-    def json_schema(tools: list[tuple[str, dict]]) -> dict:
-        """The schema that forces the calls: `tools` as (name, parameters schema) pairs."""
-        return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
-            {"properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
-             "required": ["name", "parameters"]} for name, parameters in tools]}}
+    def json_schema(tools: list[tuple[str, dict]], one_call: bool = False) -> dict:
+        """The schema that forces the calls: `tools` as (name, parameters schema) pairs; one_call: exactly
+        one (parallel_tool_calls=false)."""
+        return {"type": "array", "minItems": 1, **({"maxItems": 1} if one_call else {}),
+                "items": {"type": "object", "anyOf": [
+                    {"properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
+                     "required": ["name", "parameters"]} for name, parameters in tools]}}
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         json_text = PartialJson(text)
