@@ -32,7 +32,7 @@ the step), the cost of not overlapping. --fill inline fills the bitmask in the e
 was launched; --fill process accepts and fills in the matcher process, so the engine's own work (the report, the
 frontend, the next step's schedule and inputs) overlaps it too; the default is the engine's
 (StructuredOutputManager.use_matcher_process, matcher_process_wanted). --fill-threads sets the threads of each
-batched fill (the default: by the rows and the cores, structured_output.manager.fill_threads_for). A
+batched fill (the default: by the rows and the cores, structured_output.local_matchers.fill_threads_for). A
 warm-up run of each kind comes first (Triton compiles, xgrammar's tokenizer info, the schemas' grammars).
 
     python3 scripts/bench_structured_outputs.py [--gguf PATH] [--requests 512] [--max-num-seqs 64]
@@ -260,7 +260,7 @@ def main() -> None:
         manager = llm.llm_engine.core.structured_outputs
         default_fill = "process" if manager.use_matcher_process else "inline"
         modes = ["process", "inline"] if args.fill == "both" else [args.fill or default_fill]
-        manager.fill_threads = args.fill_threads
+        manager.local.fill_threads = args.fill_threads
         profile = StepProfile(llm, args.profile)
         for grammar in (True, False):
             run(llm, profile, batch[:8], [32] * 8, grammar)        # warm-up

@@ -32,7 +32,8 @@ from json_schemas import SCHEMAS  # noqa: E402
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from nv_engine.engine_sequence import EngineSequence  # noqa: E402
 from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
-from nv_engine.structured_output.manager import StructuredOutputManager, fill_threads_for  # noqa: E402
+from nv_engine.structured_output.local_matchers import LocalMatchers, fill_threads_for  # noqa: E402
+from nv_engine.structured_output.manager import StructuredOutputManager  # noqa: E402
 from nv_engine.structured_output.matcher_process import MatcherProcess, MatcherReply  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
@@ -208,12 +209,12 @@ def test_overlapped_grammar_steps_give_the_tokens_of_synchronous_steps(llm, monk
         process = manager.matcher_process
         assert process is not None and process.alive
         manager.use_matcher_process = False          # back in the engine's thread; the process waits idle
-        manager.fill_threads = 2                     # a fill on several threads
+        manager.local.fill_threads = 2               # a fill on several threads
         assert run() == overlapped
-        manager.use_matcher_process, manager.fill_threads = True, None
+        manager.use_matcher_process, manager.local.fill_threads = True, None
         assert run() == overlapped and manager.matcher_process is process   # the same process again
     finally:
-        manager.use_matcher_process, manager.fill_threads = False, None
+        manager.use_matcher_process, manager.local.fill_threads = False, None
     assert core.async_scheduling
     core.async_scheduling = False            # every step synchronous, the bitmask filled before it
     try:
@@ -248,7 +249,7 @@ def test_the_matcher_process_fills_while_the_engine_thread_launches(llm, monkeyp
     def no_xgrammar_here(*args):
         raise AssertionError("xgrammar ran in the engine's thread")
 
-    monkeypatch.setattr(StructuredOutputManager, "_fill", staticmethod(no_xgrammar_here))
+    monkeypatch.setattr(LocalMatchers, "_fill", staticmethod(no_xgrammar_here))
     monkeypatch.setattr(MatcherProcess, "fill",
                         lambda self, rows, then=None: (events.append("job sent"), send(self, rows, then))[1])
     monkeypatch.setattr(MatcherReply, "result", lambda self: (events.append("reply"), wait(self))[1])
@@ -415,6 +416,20 @@ def test_batched_fill_and_accepts_match_each_rows_own_matcher(llm, layout, place
             break
     manager.shutdown()
     assert len(ended) == layout.count("G")       # every grammar ended (each is bounded)
+
+
+def test_the_matcher_process_keeps_a_bounded_set_of_grammars():
+    """Beyond MAX_CHILD_GRAMMARS, the least recently added grammars no matcher uses are dropped from the
+    child (and sent again when a request needs one)."""
+    from nv_engine.structured_output.matcher_process import MAX_CHILD_GRAMMARS
+
+    process = MatcherProcess(max_rows=4, width=8)        # never started: the bookkeeping only
+    keys = [("json", str(i)) for i in range(MAX_CHILD_GRAMMARS + 6)]
+    for key in keys:
+        process.add_grammar(key, "{}")
+    assert [process.has_grammar(key) for key in keys] == [False] * 6 + [True] * MAX_CHILD_GRAMMARS
+    process.add_grammar(keys[0], "{}")                   # needed again: back, the oldest unused one goes
+    assert process.has_grammar(keys[0]) and not process.has_grammar(keys[6])
 
 
 def test_fill_threads_follow_the_rows_and_the_cores():

@@ -27,10 +27,8 @@ async scheduling: step N+1's forward is launched before step N's ids are back, i
 for the bitmask filled after them (GrammarSampling's docstring). Between the fill's start and that
 sampling the core reports step N, and the next `_step` postprocesses step N+1 with placeholders,
 schedules step N+2 and builds its inputs (`_prepare`): host work that needs no bitmask. Step N+2 is
-handed to the runner (`_enqueue`) after step N+1 is sampled: its input ids are step N+1's sampled ids.
-With the matchers in their own process (StructuredOutputManager.use_matcher_process) the core collects
-step N's ids right after sampling step N and sends them with step N+1's rows before it launches step
-N+1, so the process accepts and fills while this thread launches, reports and builds the next step.
+launched after step N+1 is sampled (its input ids are step N+1's). With the matcher process, step N's
+ids are sent to it before step N+1 is launched, so the launch overlaps the accepts and the fill too.
 
 After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
 scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
@@ -246,36 +244,28 @@ class EngineCore:
             # above needs no bitmask, so a fill in the matcher process ran alongside it. The next
             # forward is enqueued after: its input ids are this step's sampled ids.
             self.grammar_sampling.sample(self.live_executor())
-            accepted_early = self.grammar_sampling.active and self.structured_outputs.use_matcher_process
-            if accepted_early:
-                # the matcher process gets this step's ids before the next step is launched, so it
-                # accepts them and fills the next step's bitmask while this thread launches (the
-                # longest host work of a step); the device waits for that hand-over
-                result = self._collect()
-                for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
-                    self.step_builder.release(seq.seq_id)
+            # the matcher process gets this step's ids before the next launch (the longest host work),
+            # which then overlaps its accepts and fill; the device waits for that hand-over
+            early = self.grammar_sampling.active and self.structured_outputs.use_matcher_process
+            if prepared is not None and not early:
+                self._inflight = self._enqueue(*prepared)
+            result = self._collect()
+            for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
+                self.step_builder.release(seq.seq_id)
+            if early:
                 self._advance_grammars(out, result)
                 if prepared is not None:
-                    if prepared[1].defer_sampling:
-                        self.grammar_sampling.launched_unsampled([s.seq for s in prepared[0].out.sampling])  # type: ignore[misc]
-                        self.grammar_sampling.start_fill()
-                    self._inflight = self._enqueue(*prepared)
-            else:
-                if prepared is not None:
-                    self._inflight = self._enqueue(*prepared)
-                result = self._collect()
-                for seq in scheduler.resolve_placeholders(out, result.token_ids, PLACEHOLDER_TOKEN):
-                    self.step_builder.release(seq.seq_id)
+                    self._inflight = self._enqueue(*prepared, fill_first=True)
         else:
-            accepted_early = False
+            early = False
             self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
             result = launched.result if launched.result is not None else self._collect()
             for seq in scheduler.postprocess(out, result.token_ids):
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             record_prompt_logprobs(out, launched.prompt_logprobs, result)
-        if self.grammar_sampling.active and not accepted_early:   # structured outputs: advance the matchers,
-            self._advance_grammars(out, result)                       # then fill the next step's mask while it runs
+        if self.grammar_sampling.active and not early:   # structured outputs: advance the matchers, then
+            self._advance_grammars(out, result)              # fill the next step's mask while it runs
             self.grammar_sampling.start_fill()
         updates = self.requests.report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
@@ -339,15 +329,18 @@ class EngineCore:
             self.requests.note_first_scheduled(out)
         return launched, step_input
 
-    def _enqueue(self, launched: _Launched, step_input: StepInput) -> _Launched:
+    def _enqueue(self, launched: _Launched, step_input: StepInput, fill_first: bool = False) -> _Launched:
         """Hand a prepared step to the runner: launch only when async (its sampling waits for
-        GrammarSampling.sample with defer_sampling), else run it."""
+        GrammarSampling.sample with defer_sampling), else run it. fill_first: its bitmask starts filling
+        before the launch (every earlier token accepted: the matcher process's order)."""
         executor = self.live_executor()
         if self.async_scheduling:
+            if step_input.defer_sampling:
+                self.grammar_sampling.launched_unsampled([s.seq for s in launched.out.sampling])  # type: ignore[misc]
+                if fill_first:
+                    self.grammar_sampling.start_fill()
             executor.launch(step_input)
             self._num_uncollected += 1
-            if step_input.defer_sampling and not self.grammar_sampling.waiting:   # (announced already: see _step)
-                self.grammar_sampling.launched_unsampled([s.seq for s in launched.out.sampling])  # type: ignore[misc]
         else:
             launched.result = executor.execute(step_input)
             if launched.result is None:

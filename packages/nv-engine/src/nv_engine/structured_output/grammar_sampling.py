@@ -50,7 +50,7 @@ class GrammarSampling:
         return self.manager.fill_bitmask(seqs)
 
     def launched_unsampled(self, seqs: Sequence[EngineSequence]) -> None:
-        """A step with these sampling rows was launched with defer_sampling."""
+        """A step with these sampling rows is launched with defer_sampling (called just before)."""
         if self._waiting is not None:
             raise RuntimeError("a step launched with defer_sampling was not sampled before the next launch")
         self._waiting, self._bitmask = list(seqs), None

@@ -19,11 +19,8 @@ device runs it, and samples step N+1 after (ModelRunner.sample). Preemption keep
 output, and so its matcher's state.
 
 Where the matchers live:
-- in this process (the default): accepts are one accept_token per row, and a fill is one
-  xgrammar.BatchGrammarMatcher call per step (rows in parallel threads, see fill_threads_for) into
-  one of two preallocated buffers (alternating, so the engine may fill step N+1's while step N's is
-  being sent); with pin_memory (the runner shares this process and runs on CUDA) the buffers are
-  page-locked, so the runner copies them to the device as they are. Both run on the engine's thread.
+- in this process (the default; LocalMatchers): one accept_token per row, one batched xgrammar fill per
+  step into reused (with pin_memory page-locked) buffers, both on the engine's thread.
 - in a process of their own (`use_matcher_process`, MatcherProcess): `accept` queues the tokens and
   `fill_bitmask_async` sends them with the step's rows; the process accepts and fills while the
   engine's thread does the rest of its host work (the report, the next step's schedule and inputs),
@@ -46,7 +43,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from nv_engine.structured_output.compiler import GrammarCompiler, HFTokenizer, import_xgrammar
+from nv_engine.structured_output.compiler import GrammarCompiler, HFTokenizer
+from nv_engine.structured_output.local_matchers import LocalMatchers, usable_cores
 from nv_engine.structured_output.matcher_process import MatcherProcess
 from nv_kvcache import FinishReason
 
@@ -59,21 +57,6 @@ logger = logging.getLogger(__name__)
 
 # How long release(wait=True) blocks for a compile before the engine loop looks at its commands again.
 RELEASE_WAIT_SECONDS = 0.05
-# Threads of one batched bitmask fill: one per ROWS_PER_FILL_THREAD rows, at most half the cores this
-# process may run on and MAX_FILL_THREADS (fill_threads_for; on 2 cores every fill stays on one thread).
-# A fill on more than one thread starts its threads at each call, while a JSON-schema row over a
-# 49k-token vocabulary fills in 2-12 us: inside an engine step 4 threads filled ~54 rows in 0.50-0.58 ms
-# against 0.31-0.35 ms on one (16 cores), so threads pay only for large batches.
-ROWS_PER_FILL_THREAD = 128
-MAX_FILL_THREADS = 8
-
-
-def fill_threads_for(num_rows: int, num_cores: int) -> int:
-    """Threads of a batched fill of num_rows rows on a process that may run on num_cores cores."""
-    limit = max(1, min(MAX_FILL_THREADS, num_cores // 2))
-    return max(1, min(limit, -(-num_rows // ROWS_PER_FILL_THREAD)))
-
-
 # Cores a host needs before the matchers move to a process of their own by default: that process
 # accepts and fills on a core of its own beside the engine's thread (and the runner's, torch's).
 MATCHER_PROCESS_MIN_CORES = 4
@@ -89,14 +72,6 @@ def matcher_process_wanted(on_cuda: bool) -> bool:
     if setting in ("0", "off", "false"):
         return False
     return on_cuda and usable_cores() >= MATCHER_PROCESS_MIN_CORES
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class PendingBitmask(Protocol):
@@ -129,17 +104,14 @@ class StructuredOutputManager:
         # request id -> (its compile, its serialized grammar (matcher process only), first sequence)
         self._held: dict[str, tuple[Future[xgrammar.CompiledGrammar], Future[str] | None, EngineSequence]] = {}
         self._grammars: dict[str, xgrammar.CompiledGrammar] = {}   # request id -> its compiled grammar
-        self._matchers: dict[int, xgrammar.GrammarMatcher] = {}    # seq id -> its matcher (in this process)
         # seq ids whose matcher took a stop token: terminated (xgrammar ends a grammar only so), kept
         # here so a step asks xgrammar nothing per row
         self._terminated: set[int] = set()
         self._stop_token_ids = frozenset(self._eos_token_ids)
-        self._batch_matchers: dict[int, xgrammar.BatchGrammarMatcher] = {}   # by threads
-        self.fill_threads: int | None = None     # threads of every batched fill (None: by the rows, _batch_matcher)
-        self._num_cores = usable_cores()
         self.pin_memory = pin_memory
-        self._bitmasks: list[np.ndarray] = []      # two [rows, W] int32 buffers, used in turn
-        self._next_bitmask = 0
+        # the matchers of the requests not placed in the matcher process
+        self.local = LocalMatchers(self.bitmask_width, pin_memory, self._local_grammar,
+                                   lambda seq: seq.is_finished or seq.seq_id in self._terminated)
         self._use_matcher_process = False
         self.matcher_process: MatcherProcess | None = None
         self._process_grammars: dict[str, tuple[Hashable, str]] = {}   # request id -> (key, serialized grammar)
@@ -260,16 +232,7 @@ class StructuredOutputManager:
         once the process replied when the step has rows of both)."""
         if self._process_grammars or self._orphaned:
             return self._fill_in_process(seqs)
-        return _done(self._fill_here(seqs))
-
-    def _fill_here(self, seqs: Sequence[EngineSequence]) -> np.ndarray | None:
-        matchers, rows = self._local_matchers(seqs)
-        if not matchers:
-            return None
-        bitmask = self._bitmask_buffer(len(seqs))
-        if len(matchers) < len(seqs):
-            bitmask[...] = -1
-        return self._fill(self._batch_matcher(len(matchers)), bitmask, matchers, rows)
+        return _done(self.local.fill(seqs))
 
     def _fill_in_process(self, seqs: Sequence[EngineSequence]) -> PendingBitmask:
         rows: list[tuple[int, Hashable] | None] = []
@@ -283,7 +246,7 @@ class StructuredOutputManager:
                 continue
             rows.append((seq.seq_id, grammar[0]))
         if all(row is None for row in rows):
-            return _done(self._fill_here(seqs))
+            return _done(self.local.fill(seqs))
         process = self.matcher_process
         if process is None:
             raise RuntimeError("structured outputs: no grammar matcher process")
@@ -297,17 +260,11 @@ class StructuredOutputManager:
             process.set_tokenizer_info(self.compiler.tokenizer_info_json)
         local = any(row is None and seq.request_id in self._grammars for seq, row in zip(seqs, rows, strict=True))
         try:
-            return process.fill(rows, then=(lambda bitmask: self._fill_rows_here(bitmask, seqs)) if local else None)
+            return process.fill(rows, then=(lambda bitmask: self.local.fill_rows(bitmask, seqs)) if local else None)
         except RuntimeError:
             if not process.alive:
                 self._lose_matcher_process()
             raise
-
-    def _fill_rows_here(self, bitmask: np.ndarray, seqs: Sequence[EngineSequence]) -> None:
-        """Fill the rows of the matchers in this process into `bitmask` (the process's, its other rows done)."""
-        matchers, rows = self._local_matchers(seqs)
-        if matchers:
-            self._fill(self._batch_matcher(len(matchers)), bitmask, matchers, rows)
 
     def _lose_matcher_process(self) -> None:
         """The matcher process died: every request with a matcher there fails at its next step (those
@@ -322,60 +279,10 @@ class StructuredOutputManager:
         for request_id in [r for r in self._process_grammars if r not in lost]:
             del self._process_grammars[request_id]
 
-    def _local_matchers(self, seqs: Sequence[EngineSequence]) -> tuple[list[xgrammar.GrammarMatcher], list[int] | None]:
-        """The matchers in this process to fill for the step's rows, and their rows (None: rows
-        0..k-1, the usual case, which xgrammar then needs no index list for: converting one costs
-        about as much as the fill of 64 rows)."""
-        matchers, rows = [], []
-        if not self._grammars:
-            return matchers, None
-        get_matcher, terminated = self._matchers.get, self._terminated
-        for row, seq in enumerate(seqs):
-            matcher = get_matcher(seq.seq_id)
-            if matcher is None:
-                matcher = self._new_matcher(seq)
-            if matcher is not None and not seq.is_finished and seq.seq_id not in terminated:
-                matchers.append(matcher)
-                rows.append(row)
-        return matchers, None if not rows or rows[-1] == len(rows) - 1 else rows
-
-    @staticmethod
-    def _fill(filler: xgrammar.BatchGrammarMatcher, bitmask: np.ndarray, matchers: list[xgrammar.GrammarMatcher],
-              rows: list[int] | None) -> np.ndarray:
-        """Fill the matchers' rows of `bitmask` ([S, W])."""
-        filler.batch_fill_next_token_bitmask(matchers, bitmask, rows)
-        return bitmask
-
-    def _bitmask_buffer(self, num_rows: int) -> np.ndarray:
-        if not self._bitmasks or self._bitmasks[0].shape[0] < num_rows:
-            self._bitmasks = [self._new_bitmask(num_rows) for _ in range(2)]
-        self._next_bitmask = 1 - self._next_bitmask
-        return self._bitmasks[self._next_bitmask][:num_rows]
-
-    def _new_bitmask(self, num_rows: int) -> np.ndarray:
-        """[num_rows, W] int32, page-locked with pin_memory."""
-        if not self.pin_memory:
-            return np.empty((num_rows, self.bitmask_width), dtype=np.int32)
-        # only an engine whose runner shares its process on CUDA pins (torch is loaded there)
-        import torch
-
-        return torch.empty((num_rows, self.bitmask_width), dtype=torch.int32, pin_memory=True).numpy()
-
-    def _batch_matcher(self, num_rows: int) -> xgrammar.BatchGrammarMatcher:
-        """The batched filler of num_rows rows: fill_threads threads, else fill_threads_for the rows."""
-        threads = self.fill_threads or fill_threads_for(num_rows, self._num_cores)
-        matcher = self._batch_matchers.get(threads)
-        if matcher is None:
-            matcher = self._batch_matchers[threads] = import_xgrammar().BatchGrammarMatcher(max_threads=threads)
-        return matcher
-
-    def _new_matcher(self, seq: EngineSequence) -> xgrammar.GrammarMatcher | None:
-        """A matcher for a sequence of a request with a grammar (None without one)."""
-        grammar = self._grammars.get(seq.request_id)
-        if grammar is None or seq.request_id in self._process_grammars:
-            return None
-        matcher = self._matchers[seq.seq_id] = import_xgrammar().GrammarMatcher(grammar)
-        return matcher
+    def _local_grammar(self, seq: EngineSequence) -> xgrammar.CompiledGrammar | None:
+        """The grammar of a sequence whose matcher lives in this process (None: no grammar, or placed in
+        the matcher process)."""
+        return None if seq.request_id in self._process_grammars else self._grammars.get(seq.request_id)
 
     # ---- 4. after a step ---------------------------------------------------------------------
     def accept(self, seqs: Sequence[EngineSequence], token_ids: Sequence[int]
@@ -395,7 +302,7 @@ class StructuredOutputManager:
                     self._warn_rejected(seq, None)
                     if not seq.is_finished:
                         to_finish.append((seq, FinishReason.ABORT))
-        get_matcher, terminated, stop_token_ids = self._matchers.get, self._terminated, self._stop_token_ids
+        accept_here, terminated, stop_token_ids = self.local.accept, self._terminated, self._stop_token_ids
         # One accept_token call per row: cheaper than BatchGrammarMatcher.batch_accept_token, whose lists
         # of handles and per-element reads of the result cost more than the (sequential) accepts.
         for seq, token_id in zip(seqs, token_ids, strict=True):
@@ -406,10 +313,10 @@ class StructuredOutputManager:
                 if process is not None:
                     process.accept(seq_id, token_id)
             else:
-                matcher = get_matcher(seq_id)
-                if matcher is None:
+                accepted = accept_here(seq_id, token_id)
+                if accepted is None:
                     continue
-                if not matcher.accept_token(token_id):
+                if not accepted:
                     self._warn_rejected(seq, token_id)
                     if not seq.is_finished:
                         to_finish.append((seq, FinishReason.ABORT))
@@ -432,8 +339,8 @@ class StructuredOutputManager:
         self._grammars.pop(request_id, None)
         self._process_grammars.pop(request_id, None)
         self._orphaned.discard(request_id)
+        self.local.remove(seq_ids)
         for seq_id in seq_ids:
-            self._matchers.pop(seq_id, None)
             self._terminated.discard(seq_id)
             self._process_seqs.pop(seq_id, None)
         if self.matcher_process is not None:

@@ -102,21 +102,17 @@ class MatcherProcess:
         self._tokenizer_sent = False
         self._key_ids: dict[Hashable, int] = {}    # grammar key -> id in the child
         self._next_key_id = 0
-        self._key_users: dict[int, int] = {}       # key id -> matchers in the child using it
+        self._key_users: dict[Hashable, int] = {}  # grammar key -> matchers in the child using it
         self._unused_keys: OrderedDict[Hashable, None] = OrderedDict()   # keys no matcher uses, oldest first
         self._pending_grammars: list[tuple[int, str]] = []
         self._dropped_keys: list[int] = []
-        self._announced: dict[int, int] = {}       # seq id -> key id of its matcher in the child
+        self._announced: dict[int, Hashable] = {}  # seq id -> the grammar key of its matcher in the child
         self._accept_ids: list[int] = []
         self._accept_tokens: list[int] = []
         self._removed: list[int] = []
         self._rejected: list[int] = []
 
     # ---- lifetime ----------------------------------------------------------------------------
-    @property
-    def started(self) -> bool:
-        return self._process is not None
-
     @property
     def ready(self) -> bool:
         """The child has started and mapped the buffer (never blocks)."""
@@ -226,7 +222,7 @@ class MatcherProcess:
             return
         key_id = self._key_ids[key] = self._next_key_id
         self._next_key_id += 1
-        self._key_users[key_id] = 0
+        self._key_users[key] = 0
         self._unused_keys[key] = None
         self._pending_grammars.append((key_id, grammar_json))
         while len(self._key_ids) > MAX_CHILD_GRAMMARS and len(self._unused_keys) > 1:
@@ -234,9 +230,8 @@ class MatcherProcess:
             if oldest == key:
                 break
             del self._unused_keys[oldest]
-            dropped = self._key_ids.pop(oldest)
-            del self._key_users[dropped]
-            self._dropped_keys.append(dropped)
+            del self._key_users[oldest]
+            self._dropped_keys.append(self._key_ids.pop(oldest))
 
     def accept(self, seq_id: int, token_id: int) -> None:
         """Advance this sequence's matcher by `token_id` (in the next job)."""
@@ -246,18 +241,13 @@ class MatcherProcess:
 
     def remove(self, seq_ids: Sequence[int]) -> None:
         for seq_id in seq_ids:
-            key_id = self._announced.pop(seq_id, None)
-            if key_id is None:
+            key = self._announced.pop(seq_id, None)
+            if key is None:
                 continue
             self._removed.append(seq_id)
-            users = self._key_users.get(key_id)
-            if users is not None:
-                self._key_users[key_id] = users - 1
-                if users == 1:
-                    self._unused_keys[self._key_of(key_id)] = None
-
-    def _key_of(self, key_id: int) -> Hashable:
-        return next(key for key, value in self._key_ids.items() if value == key_id)
+            users = self._key_users[key] = self._key_users[key] - 1
+            if users == 0:
+                self._unused_keys[key] = None
 
     def take_rejected(self) -> list[int]:
         """Sequences whose sampled token the grammar rejected, from the replies read since the last call."""
@@ -283,9 +273,9 @@ class MatcherProcess:
                 continue
             seq_id, key = row
             if seq_id not in announced:
-                key_id = announced[seq_id] = self._key_ids[key]
-                new_matchers.append((seq_id, key_id))
-                self._key_users[key_id] += 1
+                announced[seq_id] = key
+                new_matchers.append((seq_id, self._key_ids[key]))
+                self._key_users[key] += 1
                 self._unused_keys.pop(key, None)
             row_ids.append(seq_id)
         tokenizer_json = None
