@@ -184,6 +184,74 @@ def test_norm_fused_bf16_within_the_unfused_tolerance(interp: ModuleType, poison
         interp.skinny_norm_gemm(x, r[:2], g, 1e-6, w)
 
 
+
+class LaunchRecorder:
+    """Stands in for the kernel object: records each launch's ONE_TILE, then launches the real kernel."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel, self.one_tile = kernel, []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.one_tile.append(kwargs["ONE_TILE"])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+# (m, k, rows, gated, norm: None / "x" / "x+r", config): every program's K range is one tile
+ONE_TILE_CASES = [
+    (1, 128, 64, False, None, SkinnyGemmConfig(block_n=16, block_k=64, split_k=2, use_dot=False)),  # split-K
+    (1, 96, 48, True, None, SkinnyGemmConfig(block_n=16, block_k=128, use_dot=False)),     # K tail, gated
+    (1, 96, 64, False, "x+r", SkinnyGemmConfig(block_n=16, block_k=128, use_dot=False)),   # norm, K tail
+    (1, 64, 64, True, "x", SkinnyGemmConfig(block_n=8, block_k=64, use_dot=False)),
+    (4, 64, 32, False, "x+r", SkinnyGemmConfig(block_n=16, block_k=64, use_dot=True)),
+]
+
+
+@pytest.mark.parametrize("m,k,rows,gated,norm,config", ONE_TILE_CASES)
+def test_one_tile_per_program_equals_the_k_loop(interp: ModuleType, poisoned: SplitKWorkspace,
+                                                monkeypatch: pytest.MonkeyPatch, m: int, k: int, rows: int,
+                                                gated: bool, norm: str | None, config: SkinnyGemmConfig) -> None:
+    """A configuration whose programs take one K tile each runs without the K loop (its weight tile loaded
+    first: before the dependent-launch wait on the GPU); it gives the loop's answer and the same new residual."""
+    x, w, b = operands(m, k, rows, torch.float16, bias=gated, seed=k + rows)
+    gen = torch.Generator().manual_seed(m + k)
+    r = torch.randn(m, k, generator=gen).half() if norm == "x+r" else None
+    g = (torch.rand(k, generator=gen) + 0.5).half()
+    recorder = LaunchRecorder(interp.skinny_gemm_kernel)
+    monkeypatch.setattr(interp, "skinny_gemm_kernel", recorder)
+    results = {}
+    for one_tile in (True, False):
+        monkeypatch.setattr(interp, "ONE_TILE", one_tile)
+        if norm is None:
+            results[one_tile] = (interp.skinny_gemm(x, w, b, gated=gated, config=config), x)
+        else:
+            results[one_tile] = interp.skinny_norm_gemm(x, r, g, 1e-6, w, b, gated=gated, config=config)
+    assert recorder.one_tile == [True, False]
+    (out, h), (loop_out, loop_h) = results[True], results[False]
+    assert torch.equal(h, loop_h)
+    assert relative_error(out, loop_out) < 2e-3
+    if norm is None:
+        check(out, x, w, b, gated)
+    else:
+        ref, _ = skinny_norm_gemm_torch(x, r, g, 1e-6, w, b, gated=gated)
+        assert relative_error(out, ref) < (GATED_TOL if gated else PLAIN_TOL)
+    assert not bool(poisoned.counters(torch.device("cpu"), 1).any())
+
+
+def test_norm_with_split_k_keeps_the_loop(interp: ModuleType, poisoned: SplitKWorkspace,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the norm a one-tile split would see part of the row only: the rstd needs the whole row."""
+    recorder = LaunchRecorder(interp.skinny_gemm_kernel)
+    monkeypatch.setattr(interp, "skinny_gemm_kernel", recorder)
+    x, w, _ = operands(1, 128, 32, torch.float16, bias=False, seed=5)
+    g = torch.ones(128, dtype=torch.float16)
+    config = SkinnyGemmConfig(block_n=16, block_k=64, split_k=2, use_dot=False)
+    out, _ = interp.skinny_norm_gemm(x, None, g, 1e-6, w, config=config)
+    interp.skinny_gemm(x, w, config=config)
+    assert recorder.one_tile == [False, True]
+    assert relative_error(out, skinny_norm_gemm_torch(x, None, g, 1e-6, w)[0]) < PLAIN_TOL
+
 @pytest.mark.parametrize("m,k,rows,bias,config", [
     (1, 64, 64, False, SkinnyGemmConfig(block_n=16, block_k=32, use_dot=False)),   # the GEMV, two K steps
     (3, 128, 96, True, None),

@@ -32,6 +32,9 @@ DTYPES = (torch.bfloat16, torch.float16)
 # its tiles to fp32 first.
 DOT_IN_FP32_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 PREFETCH_WEIGHTS = os.environ.get("NV_PDL_PREFETCH", "1") != "0"   # with dependent launch only
+# A configuration whose programs each take one K tile runs without the K loop, its weight tile loaded before
+# the dependent-launch wait (skinny_gemm_kernel's ONE_TILE); NV_SKINNY_ONE_TILE=0 keeps the loop (A/B runs).
+ONE_TILE = os.environ.get("NV_SKINNY_ONE_TILE", "1") != "0"
 
 
 def _switch_from_env() -> bool:
@@ -211,6 +214,8 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
     else:
         partials, counters = x2, x2
     pdl = launch_options(x.device, m)
+    # one K tile per program (with the norm: the whole row, which a split would cut)
+    one_tile = ONE_TILE and k_per_split == cfg.block_k and (norm_weight is None or split_k == 1)
     skinny_gemm_kernel[(column_blocks, split_k)](
         x2, res2, norm_arg, h2, weight, bias_arg, out2, partials, counters, m, n_out, k, k_per_split,
         x2.stride(0), res2.stride(0), h2.stride(0), weight.stride(0), out2.stride(0), partials.stride(-2),
@@ -218,6 +223,6 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
         M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
         HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0, DOT_IN_FP32=DOT_IN_FP32_INTERPRETED, NUM_STAGES=cfg.num_stages,
-        PREFETCH_LINES=_prefetch_lines(k_per_split, weight) if pdl["USE_PDL"] else 0, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl)
+        PREFETCH_LINES=_prefetch_lines(k_per_split, weight) if pdl["USE_PDL"] and not one_tile else 0,
+        ONE_TILE=one_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl)
     return out, h

@@ -46,40 +46,45 @@ class SkinnyGemmConfig:
 # configuration per (weight rows, K, M bucket, gated), or None where torch's GEMM measured faster (the
 # layers then keep F.linear). The gated rows stay on the skinny GEMM even where F.linear + SiLU-and-mul
 # timed slightly faster alone: inside the decode step cuBLAS picked a 12.8 us kernel for that shape.
+# M = 1 (dependent launch, CUDA-core GEMV): one K tile per program and no split (ONE_TILE in
+# skinny_gemm_kernel), measured as a chain of the four projections of 28 layers in one CUDA graph, the
+# norms fused as the model runs them: 23.3 us per layer with the K-loop configurations below their entries
+# (2026-12-01), 14.1 us with these (2026-12-02); Qwen3-8B's 36 layers (no norm fused at K 4096): 107.2 ->
+# 96.6 us per layer (qkv, o and gate_up in one tile; down kept its split).
 _C = SkinnyGemmConfig   # (block_n, block_k, split_k, num_warps, num_stages, use_dot)
 TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig | None] = {
     # key: (weight rows, K, M bucket, gated); comment: shape, torch us / best skinny us
-    (4096, 1024, 1, False): None,  # 0.6b qkv: 5.15 / 5.51
+    (4096, 1024, 1, False): _C(8, 1024, 1, 2, 1, False),  # 0.6b qkv: one tile (chain below)
     (4096, 1024, 2, False): None,  # 0.6b qkv: 5.35 / 5.56
     (4096, 1024, 4, False): None,  # 0.6b qkv: 5.38 / 5.62
     (4096, 1024, 8, False): None,  # 0.6b qkv: 5.37 / 5.58
     (4096, 1024, 16, False): None,  # 0.6b qkv: 5.36 / 5.58
-    (1024, 2048, 1, False): _C(16, 512, 4, 4, 2, False),  # 0.6b o: 13.04 / 5.59
+    (1024, 2048, 1, False): _C(4, 2048, 1, 4, 1, False),  # 0.6b o: one tile
     (1024, 2048, 2, False): _C(32, 128, 4, 4, 3, True),  # 0.6b o: 12.77 / 5.75
     (1024, 2048, 4, False): _C(32, 128, 4, 4, 3, True),  # 0.6b o: 8.60 / 5.75
     (1024, 2048, 8, False): _C(32, 256, 4, 4, 3, True),  # 0.6b o: 5.91 / 5.83
     (1024, 2048, 16, False): _C(32, 256, 4, 4, 3, True),  # 0.6b o: 5.92 / 5.79
-    (6144, 1024, 1, True): _C(16, 512, 1, 4, 2, False),  # 0.6b gate_up: 7.52 / 7.76
+    (6144, 1024, 1, True): _C(4, 1024, 1, 2, 1, False),  # 0.6b gate_up: one tile
     (6144, 1024, 2, True): _C(32, 256, 1, 4, 3, True),  # 0.6b gate_up: 7.46 / 7.97
     (6144, 1024, 4, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.50 / 8.05
     (6144, 1024, 8, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.40 / 7.99
     (6144, 1024, 16, True): _C(32, 512, 1, 4, 3, True),  # 0.6b gate_up: 7.66 / 8.00
-    (1024, 3072, 1, False): _C(16, 512, 4, 4, 2, False),  # 0.6b down: 7.43 / 6.33
+    (1024, 3072, 1, False): _C(4, 4096, 1, 4, 1, False),  # 0.6b down: one tile (K 3072 in a masked 4096)
     (1024, 3072, 2, False): _C(32, 128, 8, 4, 3, True),  # 0.6b down: 7.43 / 6.57
     (1024, 3072, 4, False): _C(32, 128, 8, 4, 3, True),  # 0.6b down: 7.54 / 6.52
     (1024, 3072, 8, False): _C(32, 256, 4, 4, 3, True),  # 0.6b down: 7.58 / 6.45
     (1024, 3072, 16, False): _C(32, 256, 4, 4, 3, True),  # 0.6b down: 7.71 / 6.51
-    (6144, 4096, 1, False): _C(16, 512, 1, 4, 2, False),  # 8b qkv: 16.43 / 15.54
+    (6144, 4096, 1, False): _C(4, 4096, 1, 4, 1, False),  # 8b qkv: one tile
     (6144, 4096, 2, False): None,  # 8b qkv: 16.30 / 16.39
     (6144, 4096, 4, False): None,  # 8b qkv: 16.28 / 16.46
     (6144, 4096, 8, False): None,  # 8b qkv: 16.04 / 16.58
     (6144, 4096, 16, False): None,  # 8b qkv: 16.13 / 16.70
-    (4096, 4096, 1, False): _C(16, 512, 1, 4, 2, False),  # 8b o: 13.54 / 12.65
+    (4096, 4096, 1, False): _C(4, 4096, 1, 4, 1, False),  # 8b o: one tile
     (4096, 4096, 2, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.42 / 12.30
     (4096, 4096, 4, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.51 / 12.26
     (4096, 4096, 8, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.37 / 12.23
     (4096, 4096, 16, False): _C(32, 256, 2, 4, 3, True),  # 8b o: 13.62 / 12.32
-    (24576, 4096, 1, True): _C(32, 256, 1, 4, 2, False),  # 8b gate_up: 50.94 / 51.90
+    (24576, 4096, 1, True): _C(2, 4096, 1, 4, 1, False),  # 8b gate_up: one tile
     (24576, 4096, 2, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 51.24 / 48.69
     (24576, 4096, 4, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 52.18 / 49.49
     (24576, 4096, 8, True): _C(32, 256, 1, 4, 3, True),  # 8b gate_up: 56.93 / 49.67

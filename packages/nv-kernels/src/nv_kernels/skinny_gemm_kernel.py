@@ -18,6 +18,9 @@ Variants (constexpr):
   HAS_NORM  `skinny_norm_gemm`: the add + RMSNorm before the projection in the prologue; every program
             computes its rows' rstd over the full K (x rows are tiny and cache-resident), one program writes
             h = x + residual, and the K tiles are normalised as they are loaded (fused_norm's roundings).
+  ONE_TILE  one K tile per program (K_PER_SPLIT == BLOCK_K; with HAS_NORM the tile is the whole row): no
+            K loop; the weight tile is loaded into registers first, under dependent launch before the
+            wait for the previous kernel, so after the wait only x is read (one round trip, not the loop's).
 Numerics as torch's path in the model dtype: fp32 accumulation, the GEMM result (plus bias) rounded to the
 dtype; gated: silu in fp32 rounded to the dtype, the product in fp32 rounded once more (nv_kernels.fused_act).
 
@@ -166,6 +169,39 @@ def _rows_times_x(x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_ma
 
 
 @triton_jit
+def _one_tile_sums(w, w_up, X, RES, NORM_W, RES_OUT, rm, m_mask, k_lo, k_hi, K, stride_xm, stride_rm, stride_hm,
+                    eps, h_mask, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    USE_DOT: tl.constexpr, GATED: tl.constexpr, HAS_NORM: tl.constexpr,
+                    HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """ONE_TILE: x's tile [k_lo, k_hi) times the weight tiles w (and w_up) already in registers -> fp32
+    [M_PAD, BLOCK_N] sums (gate, up). HAS_NORM: the tile is the whole row (k_lo 0, k_hi K); h = x (+ residual)
+    is rounded, stored by the rows of h_mask, squared for rstd and normed as _row_rstd and _normed do, from
+    the one load."""
+    rk = k_lo + tl.arange(0, BLOCK_K)
+    k_mask = rk < k_hi
+    if EVEN_K:
+        k_mask = tl.arange(0, BLOCK_K) < BLOCK_K
+    mask = m_mask[:, None] & k_mask[None, :]                                       # [M_PAD, BLOCK_K]
+    x = tl.load(X + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0)
+    if HAS_NORM:
+        if HAS_RESIDUAL:
+            r = tl.load(RES + rm[:, None] * stride_rm + rk[None, :], mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+            tl.store(RES_OUT + rm[:, None] * stride_hm + rk[None, :], x, mask=h_mask[:, None] & mask)
+        norm_w = tl.load(NORM_W + rk, mask=k_mask, other=0.0)                  # [BLOCK_K]
+        x32 = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.reduce(x32 * x32, 1, tl.standard._sum_combine) / K + eps)   # [M_PAD]
+        x = _normed(x, x, norm_w, rstd, False)
+    gate = _accumulate(_zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT), x, w, M_PAD, USE_DOT, DOT_IN_FP32)
+    gate_sums = _reduced(gate, M_PAD, USE_DOT)
+    up_sums = gate_sums
+    if GATED:
+        up = _accumulate(_zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT), x, w_up, M_PAD, USE_DOT, DOT_IN_FP32)
+        up_sums = _reduced(up, M_PAD, USE_DOT)
+    return gate_sums, up_sums
+
+
+@triton_jit
 def _finish(acc, up, BIAS, OUT, cols, col_mask, N, GATED: tl.constexpr, HAS_BIAS: tl.constexpr):
     """The epilogue on fp32 sums (acc: columns `cols`; up: columns N + cols when GATED) -> OUT's dtype."""
     y = acc
@@ -205,7 +241,7 @@ def skinny_gemm_kernel(
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, ONE_TILE: tl.constexpr = False,
 ):
     # X [M, K], W [N_w, K] (N_w = 2N when GATED), OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K).
     # GATED: the up rows of these columns sit N rows (up_offset = N * stride_wn elements) further down.
@@ -221,21 +257,39 @@ def skinny_gemm_kernel(
     m_mask = rm < M
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    if USE_PDL:   # launched early (dependent_launch.py): weights into L2, then wait for the previous kernel
-        if PREFETCH_LINES > 0:
-            _prefetch_weights(W, rn, n_mask, k_lo, k_hi, stride_wn, up_offset, N, GATED, PREFETCH_LINES)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    rstd = tl.zeros((M_PAD,), dtype=tl.float32)
-    if HAS_NORM:   # one program of the grid writes the new residual stream
-        rstd = _row_rstd(X, RES, RES_OUT, rm, m_mask, stride_xm, stride_rm, stride_hm, K, eps,
-                         m_mask & ((rm * 0 + pid_n + pid_k) == 0), M_PAD, BLOCK_K, HAS_RESIDUAL)
-    x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
-    r_ptrs = RES + rm[:, None] * stride_rm + rk[None, :]
-    w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
-    acc, up = _rows_times_x(x_ptrs, r_ptrs, NORM_W + rk, rstd, w_ptrs, up_offset, m_mask, n_mask, k_lo, k_hi,
-                            M_PAD, BLOCK_N, BLOCK_K, USE_DOT, GATED, HAS_NORM, HAS_RESIDUAL, EVEN_K,
-                            DOT_IN_FP32, NUM_STAGES)
+    h_mask = m_mask & ((rm * 0 + pid_n + pid_k) == 0)                     # one program writes x + residual
+    if ONE_TILE:   # the weight tile into registers first: under dependent launch while the previous kernel runs
+        w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + (k_lo + rk)[None, :]       # [BLOCK_N, BLOCK_K]
+        if EVEN_K:   # whole tiles: no K mask, the loads stay 16-byte vectors
+            w_mask = n_mask[:, None] & (rk < BLOCK_K)[None, :]
+        else:
+            w_mask = n_mask[:, None] & ((k_lo + rk) < k_hi)[None, :]
+        w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+        w_up = w
+        if GATED:
+            w_up = tl.load(w_ptrs + up_offset, mask=w_mask, other=0.0)
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        acc, up = _one_tile_sums(w, w_up, X, RES, NORM_W, RES_OUT, rm, m_mask, k_lo, k_hi, K, stride_xm,
+                                  stride_rm, stride_hm, eps, h_mask, M_PAD, BLOCK_N, BLOCK_K, USE_DOT, GATED,
+                                  HAS_NORM, HAS_RESIDUAL, EVEN_K, DOT_IN_FP32)
+    else:
+        if USE_PDL:   # launched early (dependent_launch.py): weights into L2, then wait for the previous kernel
+            if PREFETCH_LINES > 0:
+                _prefetch_weights(W, rn, n_mask, k_lo, k_hi, stride_wn, up_offset, N, GATED, PREFETCH_LINES)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        rstd = tl.zeros((M_PAD,), dtype=tl.float32)
+        if HAS_NORM:   # one program of the grid writes the new residual stream
+            rstd = _row_rstd(X, RES, RES_OUT, rm, m_mask, stride_xm, stride_rm, stride_hm, K, eps, h_mask,
+                             M_PAD, BLOCK_K, HAS_RESIDUAL)
+        x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
+        r_ptrs = RES + rm[:, None] * stride_rm + rk[None, :]
+        w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
+        acc, up = _rows_times_x(x_ptrs, r_ptrs, NORM_W + rk, rstd, w_ptrs, up_offset, m_mask, n_mask, k_lo,
+                                k_hi, M_PAD, BLOCK_N, BLOCK_K, USE_DOT, GATED, HAS_NORM, HAS_RESIDUAL, EVEN_K,
+                                DOT_IN_FP32, NUM_STAGES)
     mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
     out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
     if SPLIT_K == 1:
