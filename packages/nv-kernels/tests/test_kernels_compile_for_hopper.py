@@ -1,6 +1,6 @@
 """The decode step's large Triton kernels compile for Hopper (sm_90) on a machine without a GPU: the split decode
-(plain and finishing q / k itself) and the persistent decoder layer (one row on the CUDA cores, 16 on the tensor
-cores), with the launch options the GPU uses (dependent launch, L2 prefetch, Qwen3-0.6B shapes). The CPU suite
+(plain and finishing q / k itself), the persistent decoder layer (one row on the CUDA cores, 16 on the tensor
+cores) and the batch-1 skinny GEMMs (one K tile per program), with the launch options the GPU uses (dependent launch, L2 prefetch, Qwen3-0.6B shapes). The CPU suite
 runs kernels in Triton's interpreter, which accepts code the compiler refuses (a constexpr that is not one, a
 type mismatch between branches); this compiles them for real in a subprocess without TRITON_INTERPRET."""
 from __future__ import annotations
@@ -29,15 +29,17 @@ def test_decode_kernels_compile_for_sm90(tmp_path: Path) -> None:
     env["TRITON_CACHE_DIR"] = str(tmp_path)          # compile, never reuse a cached binary
     result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "compiled 4 kernels" in result.stdout
+    assert "compiled 6 kernels" in result.stdout
 
 
 def _compile_all() -> None:
     import torch
 
     import nv_kernels.decode_layer as decode_layer
+    import nv_kernels.skinny_gemm as skinny_gemm
     import nv_kernels.triton_decode as triton_decode
     from nv_kernels.decode_rope import DecodeRope
+    from nv_kernels.skinny_gemm_config import SkinnyGemmConfig
     from nv_kernels.testing import compile_for_gpu, random_paged_batch
 
     launches: list[tuple[Any, tuple, dict[str, Any]]] = []
@@ -53,6 +55,7 @@ def _compile_all() -> None:
 
     decode_layer.decode_layer_kernel = Capture(decode_layer.decode_layer_kernel)
     triton_decode._decode_split_kernel = Capture(triton_decode._decode_split_kernel)
+    skinny_gemm.skinny_gemm_kernel = Capture(skinny_gemm.skinny_gemm_kernel)
     hidden, hq, hkv, d, inter = 1024, 16, 8, 128, 3072
     bf16 = torch.bfloat16
 
@@ -75,10 +78,16 @@ def _compile_all() -> None:
             cos_sin_cache=zeros(4096, d, dtype=torch.float32), q_weight=zeros(d), k_weight=zeros(d))
         triton_decode.decode_attention(zeros(rows, hq, d), b.k_cache, b.v_cache, b.seq_lens, b.block_tables, 4096,
                                        0.088, num_splits=4, rope=rope)
+    # the batch-1 GEMMs: one K tile per program, the weight loaded before the wait (gated + norm; a masked K tail)
+    one_row = zeros(1, hidden)
+    skinny_gemm.skinny_norm_gemm(one_row, one_row, zeros(hidden), 1e-6, zeros(2 * inter, hidden), gated=True,
+                                 config=SkinnyGemmConfig(4, 1024, 1, 2, 1, False))
+    skinny_gemm.skinny_gemm(zeros(1, inter), zeros(hidden, inter), config=SkinnyGemmConfig(4, 4096, 1, 4, 1, False))
     for kernel, args, kwargs in launches:
         # the GPU's choices where the CPU launchers pick the interpreter's
         on_gpu = dict(kwargs, USE_PDL=True, TILE=32)
-        on_gpu.update({k: v for k, v in (("PREFETCH", True), ("DOT_IN_FP32", False)) if k in kwargs})
+        on_gpu.update({k: v for k, v in (("PREFETCH", True), ("DOT_IN_FP32", False), ("PREFETCH_LINES", 2))
+                       if k in kwargs})
         compile_for_gpu(kernel, args, on_gpu)
     print(f"compiled {len(launches)} kernels")
 
