@@ -462,7 +462,8 @@ def test_gpu_norm_fused_cuda_graph_replays_with_new_inputs() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_dependent_launch_chain_in_a_graph_equals_serial_launches() -> None:
     """Six GEMMs at M = 1, each reading the previous one's output (split-K ones sharing the workspace's
-    counters), captured with programmatic dependent launch and replayed on new inputs: bit for bit what the
+    counters; one-tile ones with their weight loaded before the wait, one with the add + RMSNorm and its new
+    residual), captured with programmatic dependent launch and replayed on new inputs: bit for bit what the
     same chain gives launched without it. A kernel that read before its wait would see stale rows."""
     from nv_kernels import dependent_launch
     from nv_kernels import skinny_gemm as skinny
@@ -475,10 +476,17 @@ def test_gpu_dependent_launch_chain_in_a_graph_equals_serial_launches() -> None:
     weights = [(torch.randn(1024, 1024, generator=gen, device="cuda") / 32).to(torch.bfloat16) for _ in range(6)]
     x = torch.randn(1, 1024, generator=gen, device="cuda").to(torch.bfloat16)
 
+    one_tile = SkinnyGemmConfig(block_n=4, block_k=1024, num_warps=2, num_stages=1, use_dot=False)
+    norm_weight = torch.rand(1024, generator=gen, device="cuda").to(torch.bfloat16) + 0.5
+
     def chain(inp: torch.Tensor) -> torch.Tensor:
+        residual = inp
         for i, w in enumerate(weights):
-            inp = skinny.skinny_gemm(inp, w, config=split if i % 2 else None)
-        return inp
+            if i == 4:
+                inp, residual = skinny.skinny_norm_gemm(inp, residual, norm_weight, 1e-6, w, config=one_tile)
+            else:
+                inp = skinny.skinny_gemm(inp, w, config=(None, split, one_tile)[i % 3])
+        return inp + residual
 
     chain(x)                                                               # compile outside the capture
     graph = torch.cuda.CUDAGraph()
