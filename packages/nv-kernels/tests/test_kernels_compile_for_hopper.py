@@ -1,8 +1,9 @@
 """The decode step's large Triton kernels compile for Hopper (sm_90) on a machine without a GPU: the split decode
 (plain and finishing q / k itself), the persistent decoder layer (one row on the CUDA cores, 16 on the tensor
-cores) and the batch-1 skinny GEMMs (one K tile per program), with the launch options the GPU uses (dependent launch, L2 prefetch, Qwen3-0.6B shapes). The CPU suite
-runs kernels in Triton's interpreter, which accepts code the compiler refuses (a constexpr that is not one, a
-type mismatch between branches); this compiles them for real in a subprocess without TRITON_INTERPRET."""
+cores) and the batch-1 skinny GEMMs (one K tile per program), with the launch options the GPU uses (dependent
+launch, L2 prefetch, Qwen3-0.6B shapes). The CPU suite runs kernels in Triton's interpreter, which accepts code
+the compiler refuses (a constexpr that is not one, a type mismatch between branches); this compiles them for
+real in a subprocess without TRITON_INTERPRET."""
 from __future__ import annotations
 
 import importlib.util
