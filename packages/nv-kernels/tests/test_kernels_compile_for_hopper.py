@@ -87,8 +87,7 @@ def _compile_all() -> None:
     for kernel, args, kwargs in launches:
         # the GPU's choices where the CPU launchers pick the interpreter's
         on_gpu = dict(kwargs, USE_PDL=True, TILE=32)
-        on_gpu.update({k: v for k, v in (("PREFETCH", True), ("DOT_IN_FP32", False), ("PREFETCH_LINES", 2))
-                       if k in kwargs})
+        on_gpu.update({k: v for k, v in (("PREFETCH", True), ("DOT_IN_FP32", False)) if k in kwargs})
         compile_for_gpu(kernel, args, on_gpu)
     print(f"compiled {len(launches)} kernels")
 

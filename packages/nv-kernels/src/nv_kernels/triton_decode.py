@@ -30,7 +30,6 @@ from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import v_strides_token_major
-from nv_kernels.kv_prefetch import PREFETCH_TOKENS, prefetch_lines_per_row, prefetch_split_kv
 from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
 from nv_kernels.split_k_workspace import SplitKWorkspace
 from nv_kernels.triton_store import quantize_to
@@ -234,21 +233,16 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, COMPUTE: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr, USE_PDL: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr,
-    HALF: tl.constexpr, FP8_MAX: tl.constexpr, PREFETCH_TOKENS: tl.constexpr = 0, PREFETCH_LINES: tl.constexpr = 0,
-    LINE_ELEMENTS: tl.constexpr = 64,
+    HALF: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     # ROPE (decode_rope.py): Q, K_NEW, V_NEW are the raw q/k/v heads of the new tokens; q is normed and rotated
     # here, and the program whose split holds token seq_len - 1 stores its k / v at SLOTS[b] before any read.
+    if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if USE_PDL:   # dependent_launch.py: nothing written before the previous kernel is done
-        if PREFETCH_LINES > 0:   # kv_prefetch.py: the split's first cache lines into L2 meanwhile
-            prefetch_split_kv(K, V, BLOCK_TABLES + b.to(tl.int64) * stride_tb, tl.load(SEQ_LENS + b), split,
-                              kv_head, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
-                              NUM_SPLITS, TILE, BLOCK_SIZE, PREFETCH_TOKENS, PREFETCH_LINES, LINE_ELEMENTS)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     seq_len = tl.load(SEQ_LENS + b)
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE) * TILE
     start = split * per_split
@@ -376,8 +370,6 @@ def decode_attention(
     k_strides = scale_strides(k_scale) if k_scale is not None else (0, 0)
     v_strides = scale_strides(v_scale) if v_scale is not None else (0, 0)
     pdl = launch_options(q.device, batch)
-    token_major_v = v_strides_token_major(v_cache)
-    prefetch_lines = prefetch_lines_per_row(head_dim, k_cache.element_size(), token_major_v) if pdl["USE_PDL"] else 0
     _decode_split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
         _WORKSPACE.counters(q.device, max(batch * hkv, MIN_COUNTERS)),
@@ -387,11 +379,9 @@ def decode_attention(
         *_rope_arguments(rope, q),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
-        FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), V_TOKEN_MAJOR=token_major_v,
+        FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), V_TOKEN_MAJOR=v_strides_token_major(v_cache),
         ROPE=rope is not None, HAS_NORM=rope is not None and rope.q_weight is not None, HALF=head_dim // 2,
-        FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0, PREFETCH_TOKENS=PREFETCH_TOKENS,
-        PREFETCH_LINES=prefetch_lines,
-        LINE_ELEMENTS=max(1, 128 // k_cache.element_size()), num_warps=num_warps or 4,
+        FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0, num_warps=num_warps or 4,
         num_stages=num_stages or (4 if tile > block_size >= 32 and not fp8 else 2), **pdl,
     )
     return out
