@@ -4,7 +4,8 @@ profile of one batch-1 decode step (kernels per step, time per kernel class). Ru
     python3 scripts/small_batch_profile.py [SHAPE] [--out DIR] [--no-profile]
 
 SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cached).
-- batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs; ms per token is the mean step time.
+- batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs, twice; ms per token is the mean step time
+  of the first round ("value"), and each round also gives its median and longest step.
 - batch 16 / 64: perf_sweep's definition (context 1,024, 64 timed steps; floor = weights + KV bytes read per
   step over the copy bandwidth measured in the same process).
 - profile: 20 batch-1 steps under torch.profiler with CUDA graphs (kernels inside the graph are traced);
@@ -46,13 +47,28 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def batch_one_ms(engine, prompt_len: int, steps: int) -> float:
-    ids = fill_decode(engine, 1, prompt_len, steps + 20, "b1")
+def batch_one_ms(engine, prompt_len: int, steps: int) -> dict:
+    """Batch 1: a prompt_len-token prompt, then `steps` timed decode steps, twice (the first round right after the
+    engine's start, then a second). ms per token = mean step time; each step's wall time is also kept, so a
+    stall inside a round (a compile, a collection) shows as a median far under the mean and a large max."""
+    ids = fill_decode(engine, 1, prompt_len, 2 * steps + 20, "b1")
     for _ in range(5):
         engine.step()
-    seconds = timed_decode(engine, steps)
+    rounds = []
+    for _ in range(2):
+        torch.cuda.synchronize()
+        marks = [time.perf_counter()]
+        for _ in range(steps):
+            engine.step()
+            marks.append(time.perf_counter())
+        torch.cuda.synchronize()
+        total = time.perf_counter() - marks[0]
+        per_step = sorted(b - a for a, b in zip(marks[:-1], marks[1:], strict=True))
+        rounds.append({"ms_per_token": round(1e3 * total / steps, 4),
+                       "median_step_ms": round(1e3 * per_step[len(per_step) // 2], 4),
+                       "max_step_ms": round(1e3 * per_step[-1], 3)})
     engine.abort_request(ids)
-    return 1e3 * seconds / steps
+    return {"value": rounds[0]["ms_per_token"], "rounds": rounds}
 
 
 def profile_batch_one(engine, out: Path) -> dict:
@@ -92,8 +108,8 @@ def main() -> None:
     llm = LLM(model, max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=0.6)
     start_s = time.perf_counter() - started
     engine = llm.llm_engine
-    ms = batch_one_ms(engine, 512, 512)
-    print(json.dumps({"shape": args.shape, "measure": "batch1_ms_per_token", "value": round(ms, 4),
+    batch_one = batch_one_ms(engine, 512, 512)
+    print(json.dumps({"shape": args.shape, "measure": "batch1_ms_per_token", **batch_one,
                       "start_s": round(start_s, 1)}), flush=True)
     hf = llm.config.hf_config
     itemsize = torch.empty(0, dtype=llm.config.dtype).element_size()
