@@ -47,14 +47,14 @@ class SkinnyGemmConfig:
 # layers then keep F.linear). The gated rows stay on the skinny GEMM even where F.linear + SiLU-and-mul
 # timed slightly faster alone: inside the decode step cuBLAS picked a 12.8 us kernel for that shape.
 # M = 1 (dependent launch, CUDA-core GEMV): one K tile per program and no split (ONE_TILE in
-# skinny_gemm_kernel), measured as a chain of the four projections of 28 layers in one CUDA graph, the
-# norms fused as the model runs them: 23.3 us per layer with the K-loop configurations below their entries
-# (2026-12-01), 14.1 us with these (2026-12-02); Qwen3-8B's 36 layers (no norm fused at K 4096): 107.2 ->
-# 96.6 us per layer (qkv, o and gate_up in one tile; down kept its split).
+# skinny_gemm_kernel), chosen with scripts/bench_gemm_chain.py: the four projections of every layer chained
+# in one CUDA graph, the norms fused as the model runs them. Qwen3-0.6B: 23.3 us per layer with the K-loop
+# configurations these replaced, 14.1 with these; Qwen3-8B (no norm fused at K 4096): 107.2 -> 96.6 us per
+# layer, down keeping its split (H200, 2026-12-02).
 _C = SkinnyGemmConfig   # (block_n, block_k, split_k, num_warps, num_stages, use_dot)
 TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig | None] = {
     # key: (weight rows, K, M bucket, gated); comment: shape, torch us / best skinny us
-    (4096, 1024, 1, False): _C(8, 1024, 1, 2, 1, False),  # 0.6b qkv: one tile (chain below)
+    (4096, 1024, 1, False): _C(8, 1024, 1, 2, 1, False),  # 0.6b qkv: one tile
     (4096, 1024, 2, False): None,  # 0.6b qkv: 5.35 / 5.56
     (4096, 1024, 4, False): None,  # 0.6b qkv: 5.38 / 5.62
     (4096, 1024, 8, False): None,  # 0.6b qkv: 5.37 / 5.58
