@@ -16,10 +16,10 @@ plus the GEMM above); the 8B shape has no norm fused (K 4,096).
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
+from bench_small_gemm import graph_us
 
 from nv_kernels import dependent_launch
 from nv_kernels.fused_norm import rms_norm_triton
@@ -94,25 +94,9 @@ class GemmChain:
             x = skinny_gemm(act, w["down"], config=configs["down"])
         return x
 
-    def us_per_layer(self, configs: Configs, replays: int = 20) -> float:
-        """Median of `replays` replays of the whole chain captured in one CUDA graph, per layer."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):      # compile and warm up outside the capture
-            self.run(configs)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.run(configs)
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return 1e3 * statistics.median(times) / self.layers
+    def us_per_layer(self, configs: Configs) -> float:
+        """Median over replays of the whole chain captured in one CUDA graph, per layer."""
+        return graph_us([lambda: self.run(configs)]) / self.layers
 
     def error(self, name: str, config: SkinnyGemmConfig) -> float:
         """Relative error of one projection against torch's path in bf16, fresh inputs."""
