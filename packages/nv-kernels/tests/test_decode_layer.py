@@ -97,6 +97,27 @@ def test_layer_matches_the_separate_ops(layer_module, rows: int, num_splits: int
     assert torch.equal(again, out)
 
 
+
+def test_k_steps_unrolled_in_parts(layer_module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the tensor-core path the K steps of an item unroll in parts that fit DOT_STAGED_BYTES of shared memory
+    (the Qwen3-8B shape's down projection unrolled whole would need 1.1 MB): one step at a time here, the same
+    answer as all at once."""
+    dtype, rows = torch.float16, 3
+    batch = random_paged_batch([37, 5, 70], [1] * rows, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, block_size=8,
+                               dtype=dtype, seed=5)
+    w = _weights(dtype, True, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    x, residual = torch.randn(rows, H, generator=gen).to(dtype), torch.randn(rows, H, generator=gen).to(dtype)
+    whole = layer_module.gemm_tiles(H, INTER, False, True, 1, True)
+    assert whole.unroll == INTER // whole.split_k // whole.block_k > 1       # the down projection: several steps
+    out_whole, _ = _run(layer_module, w, x, residual, batch, batch.k_cache.clone(), batch.v_cache.clone())
+    monkeypatch.setattr(layer_module, "DOT_STAGED_BYTES", 1)
+    assert layer_module.gemm_tiles(H, INTER, False, True, 1, True).unroll == 1
+    ref_out, _ = _reference(w, x, residual, batch, batch.k_cache.clone(), batch.v_cache.clone())
+    out_parts, _ = _run(layer_module, w, x, residual, batch, batch.k_cache.clone(), batch.v_cache.clone())
+    assert relative_error(out_parts, ref_out) < 1e-2
+    assert relative_error(out_parts, out_whole) < 1e-3
+
 def test_layer_with_an_fp8_cache(layer_module) -> None:
     """e4m3 K and token-major V with per-channel scales: the kernel attends over what it stored."""
     dtype = torch.float16

@@ -1,9 +1,10 @@
 """The decode step's large Triton kernels compile for Hopper (sm_90) on a machine without a GPU: the split decode
 (plain and finishing q / k itself), the persistent decoder layer (one row on the CUDA cores, 16 on the tensor
-cores) and the batch-1 skinny GEMMs (one K tile per program), with the launch options the GPU uses (dependent
-launch, L2 prefetch, Qwen3-0.6B shapes). The CPU suite runs kernels in Triton's interpreter, which accepts code
-the compiler refuses (a constexpr that is not one, a type mismatch between branches); this compiles them for
-real in a subprocess without TRITON_INTERPRET."""
+cores; also at the Qwen3-8B shape, which must fit an SM's shared memory) and the batch-1 skinny GEMMs (one K
+tile per program), with the launch options the GPU uses (dependent launch, L2 prefetch, Qwen3-0.6B shapes) and
+the arguments specialized as a launch specializes them. The CPU suite runs kernels in Triton's interpreter, which
+accepts code the compiler refuses (a constexpr that is not one, a type mismatch between branches); this compiles
+them for real in a subprocess without TRITON_INTERPRET."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+SM90_SHARED_MEMORY = 227 * 1024     # the most shared memory one program may have on an H100 / H200
 
 
 def _ptxas_available() -> bool:
@@ -30,7 +33,7 @@ def test_decode_kernels_compile_for_sm90(tmp_path: Path) -> None:
     env["TRITON_CACHE_DIR"] = str(tmp_path)          # compile, never reuse a cached binary
     result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "compiled 6 kernels" in result.stdout
+    assert "compiled 7 kernels" in result.stdout
 
 
 def _compile_all() -> None:
@@ -79,6 +82,19 @@ def _compile_all() -> None:
             cos_sin_cache=zeros(4096, d, dtype=torch.float32), q_weight=zeros(d), k_weight=zeros(d))
         triton_decode.decode_attention(zeros(rows, hq, d), b.k_cache, b.v_cache, b.seq_lens, b.block_tables, 4096,
                                        0.088, num_splits=4, rope=rope)
+    # the persistent layer at the Qwen3-8B shape and 16 rows, one program per SM: its K steps unrolled whole
+    # would stage 1.1 MB of tiles in shared memory (decode_layer.DOT_STAGED_BYTES)
+    hidden8, hq8, inter8 = 4096, 32, 12288
+    layer8 = decode_layer.DecodeLayer(
+        input_norm=zeros(hidden8), post_norm=zeros(hidden8), qkv=zeros((hq8 + 2 * hkv) * d, hidden8),
+        o=zeros(hidden8, hq8 * d), gate_up=zeros(2 * inter8, hidden8), down=zeros(hidden8, inter8),
+        cos_sin_cache=zeros(4096, d, dtype=torch.float32), num_q_heads=hq8, num_kv_heads=hkv, head_dim=d, eps=1e-6,
+        q_norm=zeros(d), k_norm=zeros(d))
+    b = random_paged_batch([100] * 16, [1] * 16, num_q_heads=hq8, num_kv_heads=hkv, head_dim=d, block_size=16,
+                           dtype=bf16)
+    x8 = zeros(16, hidden8)
+    layer8(x8, x8, k_cache=b.k_cache, v_cache=b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+           positions=b.seq_lens.long(), slot_mapping=b.slot_mapping, max_seqlen_k=4096, scale=0.088, programs=132)
     # the batch-1 GEMMs: one K tile per program, the weight loaded before the wait (gated + norm; a masked K tail)
     one_row = zeros(1, hidden)
     skinny_gemm.skinny_norm_gemm(one_row, one_row, zeros(hidden), 1e-6, zeros(2 * inter, hidden), gated=True,
@@ -88,7 +104,10 @@ def _compile_all() -> None:
         # the GPU's choices where the CPU launchers pick the interpreter's
         on_gpu = dict(kwargs, USE_PDL=True, TILE=32)
         on_gpu.update({k: v for k, v in (("PREFETCH", True), ("DOT_IN_FP32", False)) if k in kwargs})
-        compile_for_gpu(kernel, args, on_gpu)
+        compiled = compile_for_gpu(kernel, args, on_gpu)
+        if compiled.metadata.shared > SM90_SHARED_MEMORY:
+            raise SystemExit(f"{kernel.__name__} needs {compiled.metadata.shared} bytes of shared memory, more than "
+                             f"an sm_90 program may have ({SM90_SHARED_MEMORY})")
     print(f"compiled {len(launches)} kernels")
 
 

@@ -48,16 +48,23 @@ MAX_PROGRAMS_PER_SM = int(os.environ.get("NV_DECODE_LAYER_PROGRAMS_PER_SM", "4")
 MAX_SPLITS = 32                    # attention splits per (sequence, KV head)
 MIN_TOKENS_PER_SPLIT = 64
 GEMV_TILE_ELEMENTS = 8192          # fp32 running sums per program on the CUDA-core path (one row)
+# Tensor-core path: the K steps of an item are unrolled so that all their loads are in flight, and each step's
+# x and weight tiles are staged in shared memory; unrolled steps are capped at this many staged bytes (the
+# Qwen3-0.6B shape's largest, 160 KB, fits an H100 / H200 SM's 227 KB; Qwen3-8B's down projection unrolled
+# whole would stage 1.1 MB).
+DOT_STAGED_BYTES = 160 << 10
 WORKSPACE = SplitKWorkspace()      # fp32 partial sums and arrival counters, per device
 
 
 @dataclass(frozen=True)
 class GemmTiles:
-    """How one projection is cut into work items: block_n output columns by k / split_k inputs each."""
+    """How one projection is cut into work items: block_n output columns by k / split_k inputs each, walked in
+    steps of block_k, `unroll` steps at a time (a divisor of the steps)."""
 
     block_n: int
     block_k: int
     split_k: int
+    unroll: int = 1
 
 
 def _largest_power_of_two_dividing(n: int, cap: int) -> int:
@@ -88,7 +95,13 @@ def gemm_tiles(n_out: int, k: int, gated: bool, use_dot: bool, programs: int, ma
                 best = (key, GemmTiles(block_n, block_k, split))
     if best is None:
         raise ValueError(f"no tiling of a [{n_out}, {k}] projection for the decode layer kernel")
-    return best[1]
+    tiles = best[1]
+    steps = k // tiles.split_k // tiles.block_k
+    unroll = steps
+    if use_dot:   # x [16, block_k] and the weight rows [block_n (x2 gated), block_k] of a step, 16-bit
+        staged = (16 + tiles.block_n * rows_per_column) * tiles.block_k * 2
+        unroll = max(d for d in range(1, steps + 1) if steps % d == 0 and (d == 1 or d * staged <= DOT_STAGED_BYTES))
+    return GemmTiles(tiles.block_n, tiles.block_k, tiles.split_k, unroll)
 
 
 def choose_splits(rows: int, num_kv_heads: int, max_seqlen_k: int, programs: int) -> int:
@@ -272,7 +285,8 @@ class DecodeLayer:
                 HAS_RESIDUAL=residual is not None, M_PAD=16 if use_dot else 1, USE_DOT=use_dot,
                 DOT_IN_FP32=DOT_IN_FP32_INTERPRETED, BN_QKV=qkv_t.block_n, BK_QKV=qkv_t.block_k, BN_O=o_t.block_n,
                 BK_O=o_t.block_k, SPLIT_O=o_t.split_k, BN_GU=gu_t.block_n, BK_GU=gu_t.block_k,
-                BN_DOWN=down_t.block_n, BK_DOWN=down_t.block_k, SPLIT_DOWN=down_t.split_k,
+                BN_DOWN=down_t.block_n, BK_DOWN=down_t.block_k, SPLIT_DOWN=down_t.split_k, U_QKV=qkv_t.unroll,
+                U_O=o_t.unroll, U_GU=gu_t.unroll, U_DOWN=down_t.unroll,
                 NUM_STAGES=3 if use_dot else 2, PREFETCH=prefetch and x.is_cuda, LINES_QKV=_lines(hidden_size),
                 LINES_O=_lines(attn_n // o_t.split_k), LINES_GU=_lines(hidden_size),
                 LINES_DOWN=_lines(inter // down_t.split_k), TIMED=timestamps is not None,

@@ -84,7 +84,8 @@ def _gemm_phase(X, R, stride_xm, NORM_W, rstd, W, stride_wn, OUT, stride_om, RES
                 N, K: tl.constexpr, pid, num_programs, rm, m_mask,
                 M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                 USE_DOT: tl.constexpr, GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                ADD_RESIDUAL: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr):
+                ADD_RESIDUAL: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+                UNROLL: tl.constexpr):
     """OUT[M, N] = X[M, K] @ W^T (HAS_NORM: rms_norm(X (+ R)) * NORM_W with the rows' rstd, the sum formed tile
     by tile as the skinny GEMM's prologue forms it; GATED: silu(gate) * up of W = [gate; up]; ADD_RESIDUAL:
     + RESID, rounded as the separate add). X and R share the row stride stride_xm. SPLIT_K > 1: each item writes
@@ -102,11 +103,13 @@ def _gemm_phase(X, R, stride_xm, NORM_W, rstd, W, stride_wn, OUT, stride_om, RES
         w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K]
         gate = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
         up = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
-        # unrolled: every step's weight loads can be in flight at once (a loop would wait for each)
-        for kk in tl.static_range(0, K // SPLIT_K, BLOCK_K):
-            gate, up = k_step(gate, up, x_ptrs, r_ptrs, NORM_W + rk, rstd, w_ptrs, N * stride_wn, m_mask, n_mask,
-                              k_lo + kk, k_lo + k_per_split, M_PAD, BLOCK_K, USE_DOT, GATED, HAS_NORM,
-                              HAS_RESIDUAL, True, DOT_IN_FP32)
+        # UNROLL steps unrolled: their weight loads can be in flight at once (a loop would wait for each); one
+        # pass of the outer loop when UNROLL is all of the item's steps
+        for k0 in range(0, k_per_split, UNROLL * BLOCK_K):
+            for kk in tl.static_range(0, UNROLL * BLOCK_K, BLOCK_K):
+                gate, up = k_step(gate, up, x_ptrs, r_ptrs, NORM_W + rk, rstd, w_ptrs, N * stride_wn, m_mask,
+                                  n_mask, k_lo + k0 + kk, k_lo + k_per_split, M_PAD, BLOCK_K, USE_DOT, GATED,
+                                  HAS_NORM, HAS_RESIDUAL, True, DOT_IN_FP32)
         acc = _reduced(gate, M_PAD, USE_DOT)
         if GATED:
             up = _reduced(up, M_PAD, USE_DOT)
@@ -212,7 +215,8 @@ def decode_layer_kernel(
     BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_DOWN: tl.constexpr, BK_DOWN: tl.constexpr,
     SPLIT_DOWN: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr, LINES_QKV: tl.constexpr,
     LINES_O: tl.constexpr, LINES_GU: tl.constexpr, LINES_DOWN: tl.constexpr, USE_PDL: tl.constexpr,
-    TIMED: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    TIMED: tl.constexpr, RSTD_BLOCK: tl.constexpr, U_QKV: tl.constexpr, U_O: tl.constexpr, U_GU: tl.constexpr,
+    U_DOWN: tl.constexpr,
 ):
     # R1 is X itself when not HAS_RESIDUAL (the first layer: r1 = x). All [M, *] buffers are row-contiguous;
     # X, RES, R1, R2 and OUT share the row stride stride_m.
@@ -240,7 +244,7 @@ def decode_layer_kernel(
                      m_mask & ((rm * 0 + pid) == 0), M_PAD, RSTD_BLOCK, HAS_RESIDUAL)
     _gemm_phase(X, RES, stride_m, IN_NORM_W, rstd, W_QKV, HIDDEN, QKV, QKV_N, QKV, 0, PART_GEMM, O_COUNTERS,
                 QKV_N, HIDDEN, pid, num_programs, rm, m_mask, M_PAD, BN_QKV, BK_QKV, 1, USE_DOT, False, True,
-                HAS_RESIDUAL, False, DOT_IN_FP32, NUM_STAGES)
+                HAS_RESIDUAL, False, DOT_IN_FP32, NUM_STAGES, U_QKV)
     _stamp(TIMES, pid, 2, TIMED)
     _grid_sync(SYNC, num_programs)
     _stamp(TIMES, pid, 3, TIMED)
@@ -259,7 +263,7 @@ def decode_layer_kernel(
     # C: r2 = attn @ W_o^T + r1
     _gemm_phase(ATTN, ATTN, ATTN_N, IN_NORM_W, rstd, W_O, ATTN_N, R2, stride_m, R1, stride_m, PART_GEMM, O_COUNTERS,
                 HIDDEN, ATTN_N, pid, num_programs, rm, m_mask, M_PAD, BN_O, BK_O, SPLIT_O, USE_DOT, False, False,
-                False, True, DOT_IN_FP32, NUM_STAGES)
+                False, True, DOT_IN_FP32, NUM_STAGES, U_O)
     _stamp(TIMES, pid, 6, TIMED)
     _grid_sync(SYNC, num_programs)
     _stamp(TIMES, pid, 7, TIMED)
@@ -269,7 +273,7 @@ def decode_layer_kernel(
                      False)
     _gemm_phase(R2, R2, stride_m, POST_NORM_W, rstd, W_GU, HIDDEN, ACT, INTER, ACT, 0, PART_GEMM, O_COUNTERS,
                 INTER, HIDDEN, pid, num_programs, rm, m_mask, M_PAD, BN_GU, BK_GU, 1, USE_DOT, True, True, False,
-                False, DOT_IN_FP32, NUM_STAGES)
+                False, DOT_IN_FP32, NUM_STAGES, U_GU)
     _stamp(TIMES, pid, 8, TIMED)
     _grid_sync(SYNC, num_programs)
     _stamp(TIMES, pid, 9, TIMED)
@@ -277,5 +281,5 @@ def decode_layer_kernel(
     # E: out = act @ W_down^T
     _gemm_phase(ACT, ACT, INTER, IN_NORM_W, rstd, W_DOWN, INTER, OUT, stride_m, OUT, 0, PART_GEMM, DOWN_COUNTERS,
                 HIDDEN, INTER, pid, num_programs, rm, m_mask, M_PAD, BN_DOWN, BK_DOWN, SPLIT_DOWN, USE_DOT, False,
-                False, False, False, DOT_IN_FP32, NUM_STAGES)
+                False, False, False, DOT_IN_FP32, NUM_STAGES, U_DOWN)
     _stamp(TIMES, pid, 10, TIMED)

@@ -160,33 +160,39 @@ def decoder_layer_reference(w: dict[str, Tensor | None], x: Tensor, residual: Te
 def compile_for_gpu(kernel: Any, args: tuple, kwargs: dict[str, Any], capability: int = 90) -> Any:
     """Compile a @triton.jit kernel (not interpreted) for an NVIDIA GPU of this compute capability from the
     arguments of one launch, without a GPU: Triton's front end, its passes and ptxas run on the host. Catches
-    what the interpreter cannot (constexpr errors, types, layouts). Returns the compiled kernel."""
+    what the interpreter cannot (constexpr errors, types, layouts). Arguments are specialized as Triton's JIT
+    specializes them at a launch (pointers and integers divisible by 16 marked so, an integer 1 a constant):
+    without that the compiler sees no alignment, emits scalar loads and stages nothing in shared memory, and the
+    variant differs from the one the GPU runs. Returns the compiled kernel."""
     import triton
+    from triton._C.libtriton import native_specialize_impl as _specialize  # what a launch's binder calls
     from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
     from triton.compiler import ASTSource
 
-    types = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-             torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.uint8: "u8"}
+    target = GPUTarget("cuda", capability, 32)
+    backend = CUDABackend(target)
     bound = dict(zip(kernel.arg_names, args, strict=False))
     bound.update({k: v for k, v in kwargs.items() if k in kernel.arg_names})
     options = {k: v for k, v in kwargs.items() if k not in kernel.arg_names and k != "launch_pdl"}
     signature: dict[str, str] = {}
     constexprs: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
     for i, param in enumerate(kernel.params):
         value = bound[param.name]
         if param.is_constexpr:
             signature[param.name] = "constexpr"
             constexprs[(i,)] = value
-        elif isinstance(value, Tensor):
-            signature[param.name] = "*" + types[value.dtype]
-        elif isinstance(value, bool):
-            signature[param.name] = "i1"
-        elif isinstance(value, int):
-            signature[param.name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
-        else:
-            signature[param.name] = "fp32"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+            continue
+        kind, key = _specialize(CUDABackend, value, param.is_const, not param.do_not_specialize,
+                                not param.do_not_specialize_on_alignment)
+        signature[param.name] = kind
+        if kind == "constexpr":                  # an integer 1 becomes a constant, as at a launch
+            constexprs[(i,)] = value
+        elif isinstance(key, str) and key:
+            attrs[(i,)] = backend.parse_attr(key)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=target, options=options)
 
 
 def relative_error(out: Tensor, ref: Tensor) -> float:
