@@ -5,7 +5,8 @@ profile of one batch-1 decode step (kernels per step, time per kernel class). Ru
 
 SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cached).
 - batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs, twice; ms per token is the mean step time
-  of the first round ("value"), and each round also gives its median and longest step.
+  of the first round ("value"), and each round also gives its median and longest step; then 50 steps under
+  torch.profiler give the device's busy time per step against the period (a host-bound step shows idle time).
 - batch 16 / 64: perf_sweep's definition (context 1,024, 64 timed steps; floor = weights + KV bytes read per
   step over the copy bandwidth measured in the same process).
 - profile: 20 batch-1 steps under torch.profiler with CUDA graphs (kernels inside the graph are traced);
@@ -67,8 +68,31 @@ def batch_one_ms(engine, prompt_len: int, steps: int) -> dict:
         rounds.append({"ms_per_token": round(1e3 * total / steps, 4),
                        "median_step_ms": round(1e3 * per_step[len(per_step) // 2], 4),
                        "max_step_ms": round(1e3 * per_step[-1], 3)})
+    busy = gpu_busy(engine, 50)
     engine.abort_request(ids)
-    return {"value": rounds[0]["ms_per_token"], "rounds": rounds}
+    return {"value": rounds[0]["ms_per_token"], "rounds": rounds, **busy}
+
+
+def gpu_busy(engine, steps: int) -> dict:
+    """`steps` more batch-1 steps under torch.profiler (device activity only): per step, the wall time from the
+    first kernel's start to the last one's end over the window, and the time some kernel or copy ran (the union
+    of their intervals). busy well under the period: the device waited for the host between kernels."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA and ev.time_range.end > ev.time_range.start)
+    if not spans:
+        return {}
+    covered, (lo, hi) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > hi:
+            covered, lo = covered + hi - lo, start
+        hi = max(hi, end)
+    covered += hi - lo
+    window = max(end for _, end in spans) - spans[0][0]
+    return {"profiled_period_us": round(window / steps, 1), "profiled_busy_us": round(covered / steps, 1)}
 
 
 def profile_batch_one(engine, out: Path) -> dict:
