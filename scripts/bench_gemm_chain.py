@@ -23,7 +23,13 @@ from bench_small_gemm import graph_us
 
 from nv_kernels import dependent_launch
 from nv_kernels.fused_norm import rms_norm_triton
-from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_torch, skinny_norm_gemm, skinny_norm_gemm_torch
+from nv_kernels.skinny_gemm import (
+    NORM_FUSION_MAX_M,
+    skinny_gemm,
+    skinny_gemm_torch,
+    skinny_norm_gemm,
+    skinny_norm_gemm_torch,
+)
 from nv_kernels.skinny_gemm_config import SkinnyGemmConfig, choose_config
 from nv_kernels.testing import relative_error
 
@@ -37,7 +43,6 @@ SHAPES = {
     "8b": (36, 4096, 4096, {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, True),
                             "down": (4096, 12288, False)}),
 }
-NORM_FUSED_MAX_M = 8   # skinny_gemm.NORM_FUSION_MAX_M
 # (block_n, block_k, split_k, num_warps, num_stages, use_dot): one K tile per program at M = 1 on the CUDA cores
 ONE_TILE_CANDIDATES = {
     "0.6b": {"qkv": [C(16, 1024, 1, 4, 1, False), C(8, 1024, 1, 2, 1, False), C(4, 1024, 1, 4, 1, False)],
@@ -63,7 +68,7 @@ class GemmChain:
 
     def __init__(self, shape: str, m: int, device: str = "cuda") -> None:
         self.layers, hidden, self.q_width, self.projections = SHAPES[shape]
-        self.m, self.fuse_norm, self.device = m, shape == "0.6b" and m <= NORM_FUSED_MAX_M, device
+        self.m, self.fuse_norm, self.device = m, shape == "0.6b" and m <= NORM_FUSION_MAX_M, device
         gen = torch.Generator(device).manual_seed(0)
 
         def weight(rows: int, k: int) -> torch.Tensor:

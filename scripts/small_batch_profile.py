@@ -52,7 +52,8 @@ def batch_one_ms(engine, prompt_len: int, steps: int) -> dict:
     """Batch 1: a prompt_len-token prompt, then `steps` timed decode steps, twice (the first round right after the
     engine's start, then a second). ms per token = mean step time; each step's wall time is also kept, so a
     stall inside a round (a compile, a collection) shows as a median far under the mean and a large max."""
-    ids = fill_decode(engine, 1, prompt_len, 2 * steps + 20, "b1")
+    busy_steps = 50
+    ids = fill_decode(engine, 1, prompt_len, 2 * steps + busy_steps + 20, "b1")   # outlives every step below
     for _ in range(5):
         engine.step()
     rounds = []
@@ -68,7 +69,7 @@ def batch_one_ms(engine, prompt_len: int, steps: int) -> dict:
         rounds.append({"ms_per_token": round(1e3 * total / steps, 4),
                        "median_step_ms": round(1e3 * per_step[len(per_step) // 2], 4),
                        "max_step_ms": round(1e3 * per_step[-1], 3)})
-    busy = gpu_busy(engine, 50)
+    busy = gpu_busy(engine, busy_steps)
     engine.abort_request(ids)
     return {"value": rounds[0]["ms_per_token"], "rounds": rounds, **busy}
 

@@ -97,7 +97,6 @@ def test_layer_matches_the_separate_ops(layer_module, rows: int, num_splits: int
     assert torch.equal(again, out)
 
 
-
 def test_k_steps_unrolled_in_parts(layer_module, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the tensor-core path the K steps of an item unroll in parts that fit DOT_STAGED_BYTES of shared memory
     (the Qwen3-8B shape's down projection unrolled whole would need 1.1 MB): one step at a time here, the same
@@ -117,6 +116,7 @@ def test_k_steps_unrolled_in_parts(layer_module, monkeypatch: pytest.MonkeyPatch
     out_parts, _ = _run(layer_module, w, x, residual, batch, batch.k_cache.clone(), batch.v_cache.clone())
     assert relative_error(out_parts, ref_out) < 1e-2
     assert relative_error(out_parts, out_whole) < 1e-3
+
 
 def test_layer_with_an_fp8_cache(layer_module) -> None:
     """e4m3 K and token-major V with per-channel scales: the kernel attends over what it stored."""

@@ -66,17 +66,22 @@ def _compile_all() -> None:
     def zeros(*shape: int, dtype: torch.dtype = bf16) -> torch.Tensor:
         return torch.zeros(*shape, dtype=dtype)
 
-    layer = decode_layer.DecodeLayer(
-        input_norm=zeros(hidden), post_norm=zeros(hidden), qkv=zeros((hq + 2 * hkv) * d, hidden),
-        o=zeros(hidden, hq * d), gate_up=zeros(2 * inter, hidden), down=zeros(hidden, inter),
-        cos_sin_cache=zeros(4096, d, dtype=torch.float32), num_q_heads=hq, num_kv_heads=hkv, head_dim=d, eps=1e-6,
-        q_norm=zeros(d), k_norm=zeros(d))
-    for rows in (1, 16):
+    def run_layer(hidden: int, hq: int, inter: int, rows: int, programs: int) -> Any:
+        layer = decode_layer.DecodeLayer(
+            input_norm=zeros(hidden), post_norm=zeros(hidden), qkv=zeros((hq + 2 * hkv) * d, hidden),
+            o=zeros(hidden, hq * d), gate_up=zeros(2 * inter, hidden), down=zeros(hidden, inter),
+            cos_sin_cache=zeros(4096, d, dtype=torch.float32), num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+            eps=1e-6, q_norm=zeros(d), k_norm=zeros(d))
         b = random_paged_batch([100] * rows, [1] * rows, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                                block_size=16, dtype=bf16)
         x = zeros(rows, hidden)
         layer(x, x, k_cache=b.k_cache, v_cache=b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
-              positions=b.seq_lens.long(), slot_mapping=b.slot_mapping, max_seqlen_k=4096, scale=0.088, programs=264)
+              positions=b.seq_lens.long(), slot_mapping=b.slot_mapping, max_seqlen_k=4096, scale=0.088,
+              programs=programs)
+        return b                                  # the paged batch it attended over
+
+    for rows in (1, 16):
+        b = run_layer(hidden, hq, inter, rows, programs=264)
         rope = None if rows == 16 else DecodeRope(
             k=zeros(rows, hkv, d), v=zeros(rows, hkv, d), positions=b.seq_lens.long(), slot_mapping=b.slot_mapping,
             cos_sin_cache=zeros(4096, d, dtype=torch.float32), q_weight=zeros(d), k_weight=zeros(d))
@@ -84,17 +89,7 @@ def _compile_all() -> None:
                                        0.088, num_splits=4, rope=rope)
     # the persistent layer at the Qwen3-8B shape and 16 rows, one program per SM: its K steps unrolled whole
     # would stage 1.1 MB of tiles in shared memory (decode_layer.DOT_STAGED_BYTES)
-    hidden8, hq8, inter8 = 4096, 32, 12288
-    layer8 = decode_layer.DecodeLayer(
-        input_norm=zeros(hidden8), post_norm=zeros(hidden8), qkv=zeros((hq8 + 2 * hkv) * d, hidden8),
-        o=zeros(hidden8, hq8 * d), gate_up=zeros(2 * inter8, hidden8), down=zeros(hidden8, inter8),
-        cos_sin_cache=zeros(4096, d, dtype=torch.float32), num_q_heads=hq8, num_kv_heads=hkv, head_dim=d, eps=1e-6,
-        q_norm=zeros(d), k_norm=zeros(d))
-    b = random_paged_batch([100] * 16, [1] * 16, num_q_heads=hq8, num_kv_heads=hkv, head_dim=d, block_size=16,
-                           dtype=bf16)
-    x8 = zeros(16, hidden8)
-    layer8(x8, x8, k_cache=b.k_cache, v_cache=b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
-           positions=b.seq_lens.long(), slot_mapping=b.slot_mapping, max_seqlen_k=4096, scale=0.088, programs=132)
+    run_layer(4096, 32, 12288, 16, programs=132)
     # the batch-1 GEMMs: one K tile per program, the weight loaded before the wait (gated + norm; a masked K tail)
     one_row = zeros(1, hidden)
     skinny_gemm.skinny_norm_gemm(one_row, one_row, zeros(hidden), 1e-6, zeros(2 * inter, hidden), gated=True,

@@ -184,7 +184,6 @@ def test_norm_fused_bf16_within_the_unfused_tolerance(interp: ModuleType, poison
         interp.skinny_norm_gemm(x, r[:2], g, 1e-6, w)
 
 
-
 class LaunchRecorder:
     """Stands in for the kernel object: records each launch's ONE_TILE, then launches the real kernel."""
 
@@ -251,6 +250,7 @@ def test_norm_with_split_k_keeps_the_loop(interp: ModuleType, poisoned: SplitKWo
     interp.skinny_gemm(x, w, config=config)
     assert recorder.one_tile == [False, True]
     assert relative_error(out, skinny_norm_gemm_torch(x, None, g, 1e-6, w)[0]) < PLAIN_TOL
+
 
 @pytest.mark.parametrize("m,k,rows,bias,config", [
     (1, 64, 64, False, SkinnyGemmConfig(block_n=16, block_k=32, use_dot=False)),   # the GEMV, two K steps
