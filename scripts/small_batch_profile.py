@@ -1,12 +1,13 @@
 """Small-batch decode: milliseconds per token at batch 1, the share of the floor at batch 16 and 64, and a
 profile of one batch-1 decode step (kernels per step, time per kernel class). Run on a CUDA GPU.
 
-    python3 scripts/small_batch_profile.py [SHAPE] [--out DIR] [--no-profile]
+    python3 scripts/small_batch_profile.py [SHAPE] [--out DIR] [--no-profile] [--batches 16,64] [--host-profile]
 
 SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cached).
 - batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs, twice; ms per token is the mean step time
   of the first round ("value"), and each round also gives its median and longest step; then 50 steps under
-  torch.profiler give the device's busy time per step against the period (a host-bound step shows idle time).
+  torch.profiler give the device's busy time per step against the period (a host-bound step shows idle time);
+  --host-profile: then 10 steps under cProfile (the host's time per step and where it goes).
 - batch 16 / 64: perf_sweep's definition (context 1,024, 64 timed steps; floor = weights + KV bytes read per
   step over the copy bandwidth measured in the same process).
 - profile: 20 batch-1 steps under torch.profiler with CUDA graphs (kernels inside the graph are traced);
@@ -15,7 +16,9 @@ SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cach
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import re
 import time
 from collections import defaultdict
@@ -48,12 +51,12 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def batch_one_ms(engine, prompt_len: int, steps: int) -> dict:
+def batch_one_ms(engine, prompt_len: int, steps: int, host_profile: bool = False) -> dict:
     """Batch 1: a prompt_len-token prompt, then `steps` timed decode steps, twice (the first round right after the
     engine's start, then a second). ms per token = mean step time; each step's wall time is also kept, so a
     stall inside a round (a compile, a collection) shows as a median far under the mean and a large max."""
     busy_steps = 50
-    ids = fill_decode(engine, 1, prompt_len, 2 * steps + busy_steps + 20, "b1")   # outlives every step below
+    ids = fill_decode(engine, 1, prompt_len, 2 * steps + busy_steps + 40, "b1")   # outlives every step below
     for _ in range(5):
         engine.step()
     rounds = []
@@ -70,6 +73,8 @@ def batch_one_ms(engine, prompt_len: int, steps: int) -> dict:
                        "median_step_ms": round(1e3 * per_step[len(per_step) // 2], 4),
                        "max_step_ms": round(1e3 * per_step[-1], 3)})
     busy = gpu_busy(engine, busy_steps)
+    if host_profile:
+        busy["host"] = host_profile_steps(engine, 10)
     engine.abort_request(ids)
     return {"value": rounds[0]["ms_per_token"], "rounds": rounds, **busy}
 
@@ -94,6 +99,27 @@ def gpu_busy(engine, steps: int) -> dict:
     covered += hi - lo
     window = max(end for _, end in spans) - spans[0][0]
     return {"profiled_period_us": round(window / steps, 1), "profiled_busy_us": round(covered / steps, 1)}
+
+
+def host_profile_steps(engine, steps: int, top: int = 12) -> dict:
+    """`steps` more batch-1 steps under cProfile (which slows the host): the host's time per step, the functions
+    that spend the most of it themselves and those that spend the most with their callees (us per step)."""
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    profiler.enable()
+    for _ in range(steps):
+        engine.step()
+    profiler.disable()
+    wall = time.perf_counter() - started
+    stats = pstats.Stats(profiler).stats   # (file, line, name) -> (calls, .., own seconds, with callees, ..)
+
+    def top_by(column: int) -> dict[str, float]:
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][column])[:top]
+        return {f"{Path(f).name}:{line} {name}": round(1e6 * v[column] / steps, 1) for (f, line, name), v in rows}
+
+    return {"us_per_step": round(1e6 * wall / steps, 1), "top_self_us_per_step": top_by(2),
+            "top_cumulative_us_per_step": top_by(3)}
 
 
 def profile_batch_one(engine, out: Path) -> dict:
@@ -123,6 +149,7 @@ def main() -> None:
     p.add_argument("--out", default=".")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--batches", default="16,64")
+    p.add_argument("--host-profile", action="store_true", help="also 10 batch-1 steps under cProfile")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +160,7 @@ def main() -> None:
     llm = LLM(model, max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=0.6)
     start_s = time.perf_counter() - started
     engine = llm.llm_engine
-    batch_one = batch_one_ms(engine, 512, 512)
+    batch_one = batch_one_ms(engine, 512, 512, args.host_profile)
     print(json.dumps({"shape": args.shape, "measure": "batch1_ms_per_token", **batch_one,
                       "start_s": round(start_s, 1)}), flush=True)
     hf = llm.config.hf_config

@@ -65,8 +65,12 @@ def _poison_new_slots(cache: torch.Tensor, slots: torch.Tensor) -> None:
     cache.view(-1, *cache.shape[2:])[keep] = float("nan")   # the kernel must store before it reads
 
 
+@pytest.mark.parametrize("preload", [False, True])
 @pytest.mark.parametrize("block_size,num_splits,norm", [(4, 1, True), (16, 4, True), (4, 3, False), (1, 2, True)])
-def test_fused_decode_matches_unfused(backend, decode_module, block_size: int, num_splits: int, norm: bool) -> None:
+def test_fused_decode_matches_unfused(backend, decode_module, block_size: int, num_splits: int, norm: bool,
+                                      preload: bool) -> None:
+    """preload: each split's first tile read before the store of the new token (as under dependent launch), the
+    new token's row put in from the registers that stored it; its slot holds NaN until the store."""
     b, q, rope = _case([1, 37, 16, 70, 5], block_size, torch.float32, norm, seed=block_size + num_splits)
     rope.slot_mapping[2] = -1     # a padded row (as graph capture stages): attends, stores nothing
     ref_k, ref_v = b.k_cache.clone(), b.v_cache.clone()
@@ -75,7 +79,7 @@ def test_fused_decode_matches_unfused(backend, decode_module, block_size: int, n
     _poison_new_slots(k_cache, rope.slot_mapping)
     _poison_new_slots(v_cache, rope.slot_mapping)
     out = decode_module.decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, 128, 0.25,
-                                         num_splits=num_splits, rope=rope)
+                                         num_splits=num_splits, rope=rope, preload=preload)
     assert relative_error(out, ref) < 1e-5
     # the random cache holds NaN in its unused slots: equal there too
     assert torch.allclose(k_cache, ref_k, atol=1e-5, equal_nan=True)

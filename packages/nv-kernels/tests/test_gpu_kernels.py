@@ -235,17 +235,87 @@ def test_decode_with_rope_equals_norm_rope_store_then_decode(cache_dtype: torch.
                       k_weight=k_w)
     step = 2.0 ** -7 if cache_dtype == torch.bfloat16 else 2.0 ** -3    # one unit in the last place, relative
     fresh_k, fresh_v = k_cache.clone(), v_cache.clone()
-    for splits in (None, 1):   # the default (several splits here) and one split (every program owns its new token)
+    # the default (several splits here), the same with each split's first tile read ahead (PRELOAD), and one split
+    # (every program owns its new token)
+    for splits, preload in ((None, None), (None, True), (1, None)):
         k_cache, v_cache = fresh_k.clone(), fresh_v.clone()
-        if splits is None:
+        if splits is None and preload is None:
             out = backend.decode_with_rope(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
                                            max_seqlen_k=4096, scale=d ** -0.5, rope=rope, **scales)
         else:
             out = decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, 4096, d ** -0.5,
-                                   num_splits=splits, rope=rope, **scales)
+                                   num_splits=splits, rope=rope, preload=preload, **scales)
         for got, want in ((k_cache, ref_k), (v_cache, ref_v)):
             g, w = got.contiguous().float(), want.contiguous().float()     # raw cache values (FP8 unscaled)
             differ = g != w
             assert int(differ.sum()) <= 0.01 * batch * hkv * d             # a rounding of the fp32 sums, rarely
             assert bool(((g - w).abs() <= step * w.abs() + 1e-6).all())
         assert relative_error(out.float(), ref.float()) < 1e-2
+
+
+def test_batch_one_decode_chain_under_dependent_launch_equals_serial() -> None:
+    """A batch-1 step's attention as the model chains it, in one CUDA graph under dependent launch: per layer a
+    one-tile GEMM writes q / k / v, the fused decode (its first KV tile read before its wait, PRELOAD) stores the
+    new token and attends, a GEMM reads the output. Replayed over steps (context growing across split and tile
+    edges), every step's output and cache equal the same kernels run one after the other without dependent
+    launch: nothing read before a wait was still being written."""
+    from nv_kernels import dependent_launch
+    from nv_kernels.decode_rope import DecodeRope
+    from nv_kernels.skinny_gemm import skinny_gemm
+    from nv_kernels.skinny_gemm_config import SkinnyGemmConfig
+    from nv_kernels.triton_decode import decode_attention
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    if not dependent_launch.dependent_launch_enabled(device, 1):
+        pytest.skip("no programmatic dependent launch on this GPU / triton")
+    hq, hkv, d, hidden, layers, bs = 16, 8, 128, 1024, 4, 64
+    gen = torch.Generator("cuda").manual_seed(11)
+    w_qkv = [(torch.randn((hq + 2 * hkv) * d, hidden, generator=gen, device="cuda") / 32).bfloat16()
+             for _ in range(layers)]
+    w_o = [(torch.randn(hidden, hq * d, generator=gen, device="cuda") / 45).bfloat16() for _ in range(layers)]
+    caches = [(torch.randn(64, bs, hkv, d, generator=gen, device="cuda").bfloat16(),
+               torch.randn(64, bs, hkv, d, generator=gen, device="cuda").bfloat16()) for _ in range(layers)]
+    table = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:40].int().view(1, 40).cuda()
+    seq_lens = torch.zeros(1, dtype=torch.int32, device="cuda")
+    positions = torch.zeros(1, dtype=torch.int64, device="cuda")
+    slots = torch.zeros(1, dtype=torch.int64, device="cuda")
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    freqs = torch.outer(torch.arange(4096, device="cuda").float(), inv_freq)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    norm_w = (torch.rand(d, generator=gen, device="cuda") + 0.5).bfloat16()
+    one_tile = SkinnyGemmConfig(block_n=8, block_k=1024, num_warps=2, num_stages=1, use_dot=False)
+
+    def chain(x: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        for layer in range(layers):
+            qkv = skinny_gemm(x, w_qkv[layer], config=one_tile)
+            q, k, v = (t.view(1, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+            rope = DecodeRope(k=k, v=v, positions=positions, slot_mapping=slots, cos_sin_cache=cos_sin,
+                              q_weight=norm_w, k_weight=norm_w)
+            attn = decode_attention(q, *kv[layer], seq_lens, table, 4096, d ** -0.5, rope=rope, preload=True)
+            x = skinny_gemm(attn.view(1, -1), w_o[layer]) + x
+        return x
+
+    def stage(context: int) -> None:
+        seq_lens.fill_(context)
+        positions.fill_(context - 1)
+        slots.fill_(int(table[0, (context - 1) // bs]) * bs + (context - 1) % bs)
+
+    x = torch.randn(1, hidden, generator=gen, device="cuda").bfloat16()
+    stage(600)
+    chain(x, [(k.clone(), v.clone()) for k, v in caches])                # compile outside the capture
+    graph_kv = [(k.clone(), v.clone()) for k, v in caches]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x, graph_kv)
+    serial_kv = [(k.clone(), v.clone()) for k, v in caches]
+    for context in (600, 601, 1023, 1024, 1025, 1087, 1088, 2000):     # the new token first / last in a tile
+        stage(context)
+        graph.replay()
+        previous = dependent_launch.set_dependent_launch(False)
+        try:
+            serial = chain(x, serial_kv)
+        finally:
+            dependent_launch.set_dependent_launch(previous)
+        assert torch.equal(out, serial), context
+        for (gk, gv), (sk, sv) in zip(graph_kv, serial_kv, strict=True):
+            assert torch.equal(gk, sk) and torch.equal(gv, sv), context

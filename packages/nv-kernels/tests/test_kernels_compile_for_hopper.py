@@ -1,10 +1,10 @@
 """The decode step's large Triton kernels compile for Hopper (sm_90) on a machine without a GPU: the split decode
-(plain and finishing q / k itself), the persistent decoder layer (one row on the CUDA cores, 16 on the tensor
-cores; also at the Qwen3-8B shape, which must fit an SM's shared memory) and the batch-1 skinny GEMMs (one K
-tile per program), with the launch options the GPU uses (dependent launch, L2 prefetch, Qwen3-0.6B shapes) and
-the arguments specialized as a launch specializes them. The CPU suite runs kernels in Triton's interpreter, which
-accepts code the compiler refuses (a constexpr that is not one, a type mismatch between branches); this compiles
-them for real in a subprocess without TRITON_INTERPRET."""
+(plain, and finishing q / k itself with its first KV tile read ahead), the persistent decoder layer (one row on
+the CUDA cores, 16 on the tensor cores; also at the Qwen3-8B shape, which must fit an SM's shared memory) and
+the batch-1 skinny GEMMs (one K tile per program), with the launch options the GPU uses (dependent launch, L2
+prefetch, Qwen3-0.6B shapes) and the arguments specialized as a launch specializes them. The CPU suite runs
+kernels in Triton's interpreter, which accepts code the compiler refuses (a constexpr that is not one, a type
+mismatch between branches); this compiles them for real in a subprocess without TRITON_INTERPRET."""
 from __future__ import annotations
 
 import importlib.util
@@ -85,8 +85,9 @@ def _compile_all() -> None:
         rope = None if rows == 16 else DecodeRope(
             k=zeros(rows, hkv, d), v=zeros(rows, hkv, d), positions=b.seq_lens.long(), slot_mapping=b.slot_mapping,
             cos_sin_cache=zeros(4096, d, dtype=torch.float32), q_weight=zeros(d), k_weight=zeros(d))
+        # one row: the first KV tile read before the dependent-launch wait, as the GPU runs batch 1
         triton_decode.decode_attention(zeros(rows, hq, d), b.k_cache, b.v_cache, b.seq_lens, b.block_tables, 4096,
-                                       0.088, num_splits=4, rope=rope)
+                                       0.088, num_splits=4, rope=rope, preload=rows == 1)
     # the persistent layer at the Qwen3-8B shape and 16 rows, one program per SM: its K steps unrolled whole
     # would stage 1.1 MB of tiles in shared memory (decode_layer.DOT_STAGED_BYTES)
     run_layer(4096, 32, 12288, 16, programs=132)

@@ -57,12 +57,27 @@ def test_decode_matches_reference(kernels: dict, poisoned: None, heads: tuple[in
     assert relative_error(out, ref) < TOL
 
 
+@pytest.mark.parametrize("block_size,num_splits,tile", [(4, 2, None), (16, 3, 16), (32, 1, 16)])
+def test_decode_with_the_first_tile_read_ahead(kernels: dict, poisoned: None, block_size: int, num_splits: int,
+                                               tile: int | None) -> None:
+    """PRELOAD: each split's first tile read before the dependent-launch wait (its tokens before the newest),
+    the newest token's row read again after it (stored by an earlier kernel here): the same attention."""
+    seq_lens = [1, 37, 16, 70, 5, 2]  # the newest token in a first tile, in a later tile, alone
+    b = _batch(seq_lens, [1] * len(seq_lens), (4, 2), block_size, seed=block_size + 5)
+    out = kernels["decode"].decode_attention(b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables,
+                                             max_seqlen_k=128, scale=0.25, num_splits=num_splits, tile=tile,
+                                             preload=True)
+    ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
+                     max_seqlen_k=128, scale=0.25)
+    assert relative_error(out, ref) < TOL
+
+
 def test_decode_zero_length_rows_do_not_fault(kernels: dict, poisoned: None) -> None:
     b = _batch([9, 3, 20], [1, 1, 1], (4, 2), 4)
     seq_lens = torch.tensor([9, 0, 20], dtype=torch.int32)
-    for splits in (1, 4):
+    for splits, preload in ((1, False), (4, False), (4, True)):
         out = kernels["decode"].decode_attention(b.q, b.k_cache, b.v_cache, seq_lens, b.block_tables,
-                                                 max_seqlen_k=32, scale=0.5, num_splits=splits)
+                                                 max_seqlen_k=32, scale=0.5, num_splits=splits, preload=preload)
         ref = REF.decode(b.q, b.k_cache, b.v_cache, seq_lens=seq_lens, block_tables=b.block_tables,
                          max_seqlen_k=32, scale=0.5)
         keep = torch.tensor([0, 2])
@@ -162,8 +177,10 @@ def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torc
         v_cache = to_token_major(v_cache)
         assert v_strides_token_major(v_cache) == (block_size > 1)
     q = b.q.to(q_dtype)
+    # the token-major cases also read each split's first tile ahead (PRELOAD)
     out = kernels["decode"].decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, max_seqlen_k=128,
-                                             scale=0.25, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale)
+                                             scale=0.25, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+                                             preload=token_major)
     ref = REF.decode(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=128,
                      scale=0.25, k_scale=k_scale, v_scale=v_scale)
     assert out.dtype == q_dtype

@@ -38,8 +38,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nv_kernels.decode_rope_kernel import rope_query_store_new
 from nv_kernels.skinny_gemm_kernel import _finish, _prefetch_weights, _reduced, _row_rstd, _zero_sums, k_step
-from nv_kernels.triton_decode import attend_split, merge_splits_if_last, rope_query_store_new, scaled_query
+from nv_kernels.triton_decode import attend_split, merge_splits_if_last, scaled_query
 
 
 @triton.jit

@@ -11,7 +11,10 @@ tests that compare graph replays with PDL on and off):
 - every program executes the wait before it reads anything an earlier kernel wrote and before it
   writes anything, and no program exits before it has waited: a grid that completes has then waited
   for its predecessor, so waits chain through the stream;
-- before the wait it only reads what no kernel writes during a step (weights) or prefetches.
+- before the wait it only reads what no kernel writes during a step, or prefetches: weights; the step's
+  attention inputs (sequence lengths, block tables, positions, slots: staged by copies before its first kernel)
+  with the rotary table; and the KV cache's entries of tokens before the step's new ones (written by earlier
+  steps; the decode kernel stores a step's new token itself, after its wait).
 Measured on the H200 (Qwen3-0.6B shape, CUDA graphs): batch 1 1.105 -> 1.038 ms per token, but batch 16
 1.70 -> 1.81 ms per step (early-launched grids hold SM slots while they wait). So it applies to launches of
 at most MAX_TOKENS rows (tokens) only. `NV_PDL=0` turns it off, `NV_PDL_MAX_TOKENS` moves the limit; it is

@@ -21,24 +21,30 @@ float32 caches are read as before, in q's dtype.
 # (that last one: tl.extra.cuda, which triton exposes at run time only)
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from nv_kernels.decode_rope import DecodeRope
+from nv_kernels.decode_rope_kernel import finish_query_store_new, rope_tables
 from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
 from nv_kernels.split_k_workspace import SplitKWorkspace
-from nv_kernels.triton_store import quantize_to
 
 LOG2E = 1.4426950408889634
 # Arrival counters of the in-kernel merge, per (sequence, KV head); allocated this large at the first call so
 # that they never grow while a CUDA graph is captured.
 MIN_COUNTERS = 1 << 16
 _WORKSPACE = SplitKWorkspace()
+# Under dependent launch a split program reads its first KV tile before the wait (the kernel's PRELOAD); measured
+# on the H200 at batch 1 (BENCHMARKS.md). NV_DECODE_PRELOAD=0 turns it off (A/B runs). Not for an FP8 cache
+# (not measured there: its 128-token tiles would sit in registers across the wait).
+PRELOAD_FIRST_TILE = os.environ.get("NV_DECODE_PRELOAD", "1") != "0"
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
 
 
@@ -91,16 +97,10 @@ def load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask,
 
 
 @triton.jit
-def _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
-                 stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale,
-                 BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
-                 V_TOKEN_MAJOR: tl.constexpr, PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
-    """One online-softmax step over tokens n0 .. n0+TILE-1; MASKED: the tile may reach past `end`."""
-    n = n0 + tl.arange(0, TILE)
-    n_mask = n < end
-    k, v = load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs, stride_ch,
-                         stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, TILE, MASKED, V_TOKEN_MAJOR,
-                         COMPUTE)  # [TILE, D] each
+def _softmax_step(q, acc, m_i, l_i, k, v, n_mask, qk_scale, MASKED: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
+                  PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
+    """One online-softmax step of q [GP, D] over the tile k, v [TILE, D] (n_mask [TILE]: the tile's tokens
+    inside the split, used when MASKED)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GP, TILE], log2 units
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -115,6 +115,20 @@ def _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
 
 
 @triton.jit
+def _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
+                 stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale,
+                 BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
+                 V_TOKEN_MAJOR: tl.constexpr, PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
+    """One online-softmax step over tokens n0 .. n0+TILE-1; MASKED: the tile may reach past `end`."""
+    n = n0 + tl.arange(0, TILE)
+    n_mask = n < end
+    k, v = load_kv_tiles(K, V, table_row, n0, n, n_mask, kv_head, d, d_mask, stride_cb, stride_cs, stride_ch,
+                         stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, TILE, MASKED, V_TOKEN_MAJOR,
+                         COMPUTE)  # [TILE, D] each
+    return _softmax_step(q, acc, m_i, l_i, k, v, n_mask, qk_scale, MASKED, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+
+
+@triton.jit
 def scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8: tl.constexpr,
                  COMPUTE: tl.constexpr):
     """q [M, D] of one KV head's query rows -> q * k_scale[kv_head, :] in COMPUTE (an FP8 cache: the
@@ -126,79 +140,22 @@ def scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8: tl
 
 
 @triton.jit
-def _norm_rope_rows(X, row_offs, row_mask, d, W, cos, sin, eps, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                    HAS_NORM: tl.constexpr):
-    """Raw heads X + row_offs[r] ([R, D_PAD] rows, unit stride along D) -> rms_norm(row) * W (HAS_NORM) rotated
-    NeoX style over the whole head with cos / sin [D_PAD] (the table's halves repeated), in X's dtype. Each
-    dim d is computed with its rotate_half partner (d + HALF) % D loaded beside it, rounded as fused_rope
-    rounds: the norm in fp32 cast to the dtype, times the weight, cast; the rotation in fp32, cast once."""
-    d_mask = d < HEAD_DIM
-    partner = (d + HALF) % HEAD_DIM
-    m = row_mask[:, None] & d_mask[None, :]
-    x = tl.load(X + row_offs[:, None] + d[None, :], mask=m, other=0.0)                  # [R, D]
-    y = tl.load(X + row_offs[:, None] + partner[None, :], mask=m, other=0.0)            # [R, D] partners
-    dtype = X.dtype.element_ty
-    x = x.to(tl.float32)
-    y = y.to(tl.float32)
-    if HAS_NORM:
-        inv = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]                        # [R, 1]
-        wx = tl.load(W + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        wy = tl.load(W + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        x = ((x * inv).to(dtype).to(tl.float32) * wx).to(dtype).to(tl.float32)
-        y = ((y * inv).to(dtype).to(tl.float32) * wy).to(dtype).to(tl.float32)
-    y = tl.where((d < HALF)[None, :], -y, y)                                              # rotate_half's sign
-    return (x * cos[None, :] + y * sin[None, :]).to(dtype)
-
-
-@triton.jit
-def _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos, sin, eps,
-                     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
-                     stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
-                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                     HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr):
-    """The new token's k (normed, rotated) and v of this KV head into the cache at `slot` (row 0 of [R, D]
-    tiles; an FP8 cache gets the store kernel's quantize_to)."""
-    one = rows < 1
-    d_mask = d < HEAD_DIM
-    m = one[:, None] & d_mask[None, :]
-    k = _norm_rope_rows(K_NEW + b.to(tl.int64) * stride_knb + kv_head * stride_knh, rows * 0, one, d, KW, cos, sin,
-                        eps, HEAD_DIM, HALF, HAS_NORM)                                     # [R, D]
-    v = tl.load(V_NEW + b.to(tl.int64) * stride_vnb + kv_head * stride_vnh + rows[:, None] * 0 + d[None, :],
-                mask=m, other=0.0)
-    page = slot // BLOCK_SIZE
-    in_page = slot % BLOCK_SIZE
-    k_dst = K + page * stride_cb + in_page * stride_cs + kv_head * stride_ch + rows[:, None] * 0 + d[None, :]
-    v_dst = (V + page * stride_vb + in_page * stride_vs + kv_head * stride_vh + rows[:, None] * 0
-             + d[None, :] * stride_vd)
-    k_scales = K_SCALE + kv_head * stride_ksh + rows[:, None] * 0 + d[None, :] * stride_ksd   # [R, D] pointers
-    v_scales = V_SCALE + kv_head * stride_vsh + rows[:, None] * 0 + d[None, :] * stride_vsd
-    tl.store(k_dst, quantize_to(k, k_scales, m, FP8_MAX, K.dtype.element_ty), mask=m)
-    tl.store(v_dst, quantize_to(v, v_scales, m, FP8_MAX, V.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def rope_query_store_new(Q_ROW, q_offs, row_mask, rows, d, d_mask, POS, SLOTS, COS_SIN, stride_cos, QW, KW, eps,
-                         K, V, K_NEW, V_NEW, K_SCALE, V_SCALE, b, kv_head, seq_len, start, end,
-                         stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
-                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
-                         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                         HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr):
-    """The fused decode's start (decode_rope.py) for the split [start, end) of sequence b: its query rows (raw
-    heads at Q_ROW + q_offs) normed and rotated -> [GP, D]; when the split holds the new token (seq_len - 1) and
-    SLOTS[b] >= 0, that token's k (normed, rotated) and v stored into the cache first."""
-    pos = tl.maximum(tl.load(POS + b), 0)
-    c = COS_SIN + pos * stride_cos + d % HALF
-    cos = tl.load(c, mask=d_mask, other=0.0).to(tl.float32)                       # [D] halves repeated
-    sin = tl.load(c + HALF, mask=d_mask, other=0.0).to(tl.float32)
-    q = _norm_rope_rows(Q_ROW, q_offs, row_mask, d, QW, cos, sin, eps, HEAD_DIM, HALF, HAS_NORM)   # [GP, D]
-    slot = tl.load(SLOTS + b)
-    if (seq_len - 1 >= start) & (seq_len - 1 < end) & (slot >= 0):
-        _store_new_token(K, V, K_NEW, V_NEW, KW, K_SCALE, V_SCALE, b, kv_head, slot, rows, d, cos, sin, eps,
-                         stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
-                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh,
-                         stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM, FP8_MAX)
-    tl.debug_barrier()   # the CTA's stores above precede its loads of the cache after this
-    return q
+def _attend_tiles(q, acc, m_i, l_i, K, V, table_row, n_from, end, kv_head, d, d_mask, stride_cb, stride_cs,
+                  stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale, BLOCK_SIZE: tl.constexpr,
+                  TILE: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr, PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
+    """The online softmax (acc, m_i, l_i) carried over tokens [n_from, end) (n_from a multiple of TILE): whole
+    tiles unmasked, then at most one partial."""
+    end = tl.maximum(end, n_from)
+    full_end = n_from + (end - n_from) // TILE * TILE   # tiles before it lie inside the split: no masks
+    for n0 in range(n_from, full_end, TILE):
+        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
+                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                                     qk_scale, BLOCK_SIZE, TILE, False, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+    for n0 in range(full_end, end, TILE):   # at most one partial tile
+        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
+                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                                     qk_scale, BLOCK_SIZE, TILE, True, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -207,19 +164,43 @@ def attend_split(q, K, V, table_row, start, end, kv_head, d, d_mask, stride_cb, 
                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
                  PRECISION: tl.constexpr, COMPUTE: tl.constexpr):
     """Online softmax of q [GP, D] over tokens [start, end) of one sequence's KV head -> (unnormalised output
-    [GP, D], running max [GP], running sum [GP]), log2 units. Whole tiles unmasked, then at most one partial."""
+    [GP, D], running max [GP], running sum [GP]), log2 units."""
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    full_end = start + (end - start) // TILE * TILE   # tiles before it lie inside the split: no masks
-    for n0 in range(start, full_end, TILE):
-        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
-                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
-                                     qk_scale, BLOCK_SIZE, TILE, False, V_TOKEN_MAJOR, PRECISION, COMPUTE)
-    for n0 in range(full_end, end, TILE):   # at most one partial tile
-        acc, m_i, l_i = _decode_tile(q, acc, m_i, l_i, K, V, table_row, n0, end, kv_head, d, d_mask,
-                                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
-                                     qk_scale, BLOCK_SIZE, TILE, True, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+    return _attend_tiles(q, acc, m_i, l_i, K, V, table_row, start, end, kv_head, d, d_mask, stride_cb, stride_cs,
+                         stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale, BLOCK_SIZE, TILE,
+                         V_TOKEN_MAJOR, PRECISION, COMPUTE)
+
+
+@triton.jit
+def _attend_split_preloaded(q, k, v, k_new, v_new, stored, K, V, table_row, start, end, seq_len, kv_head, d,
+                            d_mask, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                            qk_scale, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                            TILE: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr, PRECISION: tl.constexpr,
+                            COMPUTE: tl.constexpr):
+    """attend_split with the split's first tile k, v [TILE, D] already read (its tokens before the new one,
+    seq_len - 1, only). The new token's row comes from k_new / v_new [D] where this program stored it
+    (`stored`); where the first tile holds it and this program did not store it (an earlier kernel of the step
+    did, or nobody: slot < 0), the tile is read again now. Then the rest of the split as attend_split."""
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    if end > start:   # an empty split has no first tile (all -inf would make its step NaN)
+        n = start + tl.arange(0, TILE)
+        new = seq_len - 1
+        if (new >= start) & (new < start + TILE) & (new < end) & (stored == 0):
+            k, v = load_kv_tiles(K, V, table_row, start, n, n < end, kv_head, d, d_mask, stride_cb, stride_cs,
+                                 stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, BLOCK_SIZE, TILE, True,
+                                 V_TOKEN_MAJOR, COMPUTE)
+        at_new = ((n == new) & stored)[:, None]                                          # [TILE, 1]
+        k = tl.where(at_new, k_new[None, :].to(COMPUTE), k)
+        v = tl.where(at_new, v_new[None, :].to(COMPUTE), v)
+        acc, m_i, l_i = _softmax_step(q, acc, m_i, l_i, k, v, n < end, qk_scale, True, V_TOKEN_MAJOR, PRECISION,
+                                      COMPUTE)
+        acc, m_i, l_i = _attend_tiles(q, acc, m_i, l_i, K, V, table_row, start + TILE, end, kv_head, d, d_mask,
+                                      stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+                                      qk_scale, BLOCK_SIZE, TILE, V_TOKEN_MAJOR, PRECISION, COMPUTE)
     return acc, m_i, l_i
 
 
@@ -233,11 +214,15 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, COMPUTE: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr, USE_PDL: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr,
-    HALF: tl.constexpr, FP8_MAX: tl.constexpr,
+    HALF: tl.constexpr, FP8_MAX: tl.constexpr, PRELOAD: tl.constexpr,
 ):
     # ROPE (decode_rope.py): Q, K_NEW, V_NEW are the raw q/k/v heads of the new tokens; q is normed and rotated
     # here, and the program whose split holds token seq_len - 1 stores its k / v at SLOTS[b] before any read.
-    if USE_PDL:   # dependent_launch.py: nothing read or written before the previous kernel is done
+    # PRELOAD: the split's first KV tile (its tokens before the new one), the sequence's length, block-table row,
+    # cos / sin and slot are read before the dependent-launch wait: the step stages them before its first kernel
+    # and earlier steps wrote those tokens (dependent_launch.py), so the tile's round trip overlaps the previous
+    # kernel and the program only reads q after the wait.
+    if USE_PDL and not PRELOAD:   # dependent_launch.py: nothing read or written before the previous kernel is done
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
@@ -253,22 +238,44 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + rows  # [GP]
     d = tl.arange(0, D_PAD)
     d_mask = d < HEAD_DIM
+    table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
+    if PRELOAD:
+        # An empty split reads (and later drops) the sequence's last tile instead: unmasked loads (a page's table
+        # entry, a token-major V tile) must stay inside its pages. A split with tokens starts at or before it.
+        first = tl.minimum(start, tl.maximum(seq_len - 1, 0) // TILE * TILE)
+        n_first = first + tl.arange(0, TILE)
+        k_first, v_first = load_kv_tiles(K, V, table_row, first, n_first, n_first < tl.minimum(end, seq_len - 1),
+                                         kv_head, d, d_mask, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs,
+                                         stride_vh, stride_vd, BLOCK_SIZE, TILE, True, V_TOKEN_MAJOR, COMPUTE)
     if ROPE:
-        q = rope_query_store_new(Q + b.to(tl.int64) * stride_qb, heads * stride_qh, row_mask, rows, d, d_mask, POS,
-                                 SLOTS, COS_SIN, stride_cos, QW, KW, eps, K, V, K_NEW, V_NEW, K_SCALE, V_SCALE, b,
-                                 kv_head, seq_len, start, end, stride_knb, stride_knh, stride_vnb, stride_vnh,
-                                 stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
-                                 stride_ksh, stride_ksd, stride_vsh, stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF,
-                                 HAS_NORM, FP8_MAX)                                   # [GP, D]
+        cos, sin = rope_tables(POS, COS_SIN, stride_cos, b, d, d_mask, HALF)
+        slot = tl.load(SLOTS + b)
+    if USE_PDL and PRELOAD:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if ROPE:
+        q, k_new, v_new, stored = finish_query_store_new(
+            Q + b.to(tl.int64) * stride_qb, heads * stride_qh, row_mask, rows, d, d_mask, cos, sin, slot, QW, KW,
+            eps, K, V, K_NEW, V_NEW, K_SCALE, V_SCALE, b, kv_head, seq_len, start, end, stride_knb, stride_knh,
+            stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, stride_vd,
+            stride_ksh, stride_ksd, stride_vsh, stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM, FP8_MAX)  # [GP, D]
     else:
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                     mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [GP, D]
+        k_new = tl.zeros([D_PAD], tl.float32)   # stored by an earlier kernel, if at all
+        v_new = tl.zeros([D_PAD], tl.float32)
+        stored = seq_len < 0
     q = scaled_query(q, K_SCALE, kv_head, d, d_mask, stride_ksh, stride_ksd, FP8, COMPUTE)
-    table_row = BLOCK_TABLES + b.to(tl.int64) * stride_tb
 
-    acc, m_i, l_i = attend_split(q, K, V, table_row, start, end, kv_head, d, d_mask, stride_cb, stride_cs,
-                                 stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale, GROUP_PAD, D_PAD,
-                                 BLOCK_SIZE, TILE, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+    if PRELOAD:
+        acc, m_i, l_i = _attend_split_preloaded(q, k_first, v_first, k_new, v_new, stored, K, V, table_row, start,
+                                                end, seq_len, kv_head, d, d_mask, stride_cb, stride_cs, stride_ch,
+                                                stride_vb, stride_vs, stride_vh, stride_vd, qk_scale, GROUP_PAD,
+                                                D_PAD, BLOCK_SIZE, TILE, V_TOKEN_MAJOR, PRECISION, COMPUTE)
+    else:
+        acc, m_i, l_i = attend_split(q, K, V, table_row, start, end, kv_head, d, d_mask, stride_cb, stride_cs,
+                                     stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, qk_scale, GROUP_PAD,
+                                     D_PAD, BLOCK_SIZE, TILE, V_TOKEN_MAJOR, PRECISION, COMPUTE)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]  # [GP, D]; zero for an empty split or seq_len 0
     if FP8:
@@ -339,13 +346,15 @@ def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_lens: Tensor, block_tables: Tensor,
     max_seqlen_k: int, scale: float, *, num_splits: int | None = None, tile: int | None = None,
     num_warps: int | None = None, num_stages: int | None = None, k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None, rope: DecodeRope | None = None,
+    v_scale: Tensor | None = None, rope: DecodeRope | None = None, preload: bool | None = None,
 ) -> Tensor:
     """q [B, Hq, D], caches [NB, BS, Hkv, D] -> [B, Hq, D]. Keyword tunables are for benchmarks.
     An FP8 cache needs k_scale / v_scale ([1] or [Hkv, D] float32 on the device).
     rope: q is raw (before its norm and rotary) and the new tokens' k / v are stored here (decode_rope.py). At one
     split that costs more than the separate fused_rope kernel: callers ask
-    decode_tuning.fused_decode_rope_pays first."""
+    decode_tuning.fused_decode_rope_pays first.
+    preload: read each split's first KV tile before the dependent-launch wait (the kernel's PRELOAD); None: where
+    the launch is dependent and the cache is 16-bit (PRELOAD_FIRST_TILE)."""
     batch, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     if rope is not None:
@@ -370,6 +379,8 @@ def decode_attention(
     k_strides = scale_strides(k_scale) if k_scale is not None else (0, 0)
     v_strides = scale_strides(v_scale) if v_scale is not None else (0, 0)
     pdl = launch_options(q.device, batch)
+    if preload is None:
+        preload = PRELOAD_FIRST_TILE and pdl["USE_PDL"] and not fp8
     _decode_split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
         _WORKSPACE.counters(q.device, max(batch * hkv, MIN_COUNTERS)),
@@ -381,7 +392,7 @@ def decode_attention(
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
         FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), V_TOKEN_MAJOR=v_strides_token_major(v_cache),
         ROPE=rope is not None, HAS_NORM=rope is not None and rope.q_weight is not None, HALF=head_dim // 2,
-        FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0, num_warps=num_warps or 4,
+        FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 0.0, PRELOAD=preload, num_warps=num_warps or 4,
         num_stages=num_stages or (4 if tile > block_size >= 32 and not fp8 else 2), **pdl,
     )
     return out
