@@ -41,9 +41,9 @@ LOG2E = 1.4426950408889634
 # that they never grow while a CUDA graph is captured.
 MIN_COUNTERS = 1 << 16
 _WORKSPACE = SplitKWorkspace()
-# Under dependent launch a split program reads its first KV tile before the wait (the kernel's PRELOAD); measured
-# on the H200 at batch 1 (BENCHMARKS.md). NV_DECODE_PRELOAD=0 turns it off (A/B runs). Not for an FP8 cache
-# (not measured there: its 128-token tiles would sit in registers across the wait).
+# Under dependent launch a split program reads its first KV tile before the wait (the kernel's PRELOAD): H200,
+# Qwen3-0.6B batch 1, 43-46 us less device time per step of ~790 (BENCHMARKS.md). NV_DECODE_PRELOAD=0 turns it off
+# (A/B runs). Not for an FP8 cache (not measured there: its 128-token tiles would sit in registers across the wait).
 PRELOAD_FIRST_TILE = os.environ.get("NV_DECODE_PRELOAD", "1") != "0"
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
 
