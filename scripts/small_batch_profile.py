@@ -72,11 +72,11 @@ def batch_one_ms(engine, prompt_len: int, steps: int, host_profile: bool = False
         rounds.append({"ms_per_token": round(1e3 * total / steps, 4),
                        "median_step_ms": round(1e3 * per_step[len(per_step) // 2], 4),
                        "max_step_ms": round(1e3 * per_step[-1], 3)})
-    busy = gpu_busy(engine, busy_steps)
+    result = {"value": rounds[0]["ms_per_token"], "rounds": rounds, **gpu_busy(engine, busy_steps)}
     if host_profile:
-        busy["host"] = host_profile_steps(engine, 10)
+        result["host"] = host_profile_steps(engine, 10)
     engine.abort_request(ids)
-    return {"value": rounds[0]["ms_per_token"], "rounds": rounds, **busy}
+    return result
 
 
 def gpu_busy(engine, steps: int) -> dict:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from nv_kernels.testing import PagedBatch, fp8_code_agreement, random_paged_batch, relative_error
+from nv_kernels.testing import PagedBatch, fp8_code_agreement, random_paged_batch, relative_error, rotary_cos_sin
 from nv_kernels.torch_backend import TorchBackend
 
 pytestmark = [pytest.mark.gpu,
@@ -213,9 +213,7 @@ def test_decode_with_rope_equals_norm_rope_store_then_decode(cache_dtype: torch.
     qkv = torch.randn(batch, (hq + 2 * hkv) * d, device="cuda", generator=gen).bfloat16() * 4
     q, k, v = (t.view(batch, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
     q_w, k_w = ((torch.rand(d, device="cuda", generator=gen) + 0.5).bfloat16() for _ in range(2))
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-    freqs = torch.outer(torch.arange(8192, device="cuda").float(), inv_freq)
-    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    cos_sin = rotary_cos_sin(8192, d, base=1e6, device="cuda")
     positions, slots = (b.seq_lens - 1).long(), b.slot_mapping.clone()
     slots[3] = -1                                                        # a padded row: stores nothing
     scales: dict[str, torch.Tensor] = {}
@@ -279,9 +277,7 @@ def test_batch_one_decode_chain_under_dependent_launch_equals_serial() -> None:
     seq_lens = torch.zeros(1, dtype=torch.int32, device="cuda")
     positions = torch.zeros(1, dtype=torch.int64, device="cuda")
     slots = torch.zeros(1, dtype=torch.int64, device="cuda")
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-    freqs = torch.outer(torch.arange(4096, device="cuda").float(), inv_freq)
-    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    cos_sin = rotary_cos_sin(4096, d, base=1e6, device="cuda")
     norm_w = (torch.rand(d, generator=gen, device="cuda") + 0.5).bfloat16()
     one_tile = SkinnyGemmConfig(block_n=8, block_k=1024, num_warps=2, num_stages=1, use_dot=False)
 
