@@ -7,7 +7,8 @@ SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cach
 - batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs, twice; ms per token is the mean step time
   of the first round ("value"), and each round also gives its median and longest step; then 50 steps under
   torch.profiler give the device's busy time per step against the period (a host-bound step shows idle time);
-  --host-profile: then 10 steps under cProfile (the host's time per step and where it goes).
+  --host-profile: then 10 steps under cProfile (the host's time per step and where it goes), and 10 under
+  torch.profiler's host activity (the CUDA runtime calls per step: a launch that waits for the device shows long).
 - batch 16 / 64: perf_sweep's definition (context 1,024, 64 timed steps; floor = weights + KV bytes read per
   step over the copy bandwidth measured in the same process).
 - profile: 20 batch-1 steps under torch.profiler with CUDA graphs (kernels inside the graph are traced);
@@ -75,6 +76,7 @@ def batch_one_ms(engine, prompt_len: int, steps: int, host_profile: bool = False
     result = {"value": rounds[0]["ms_per_token"], "rounds": rounds, **gpu_busy(engine, busy_steps)}
     if host_profile:
         result["host"] = host_profile_steps(engine, 10)
+        result["host_api"] = host_api_calls(engine, 10)
     engine.abort_request(ids)
     return result
 
@@ -120,6 +122,28 @@ def host_profile_steps(engine, steps: int, top: int = 12) -> dict:
 
     return {"us_per_step": round(1e6 * wall / steps, 1), "top_self_us_per_step": top_by(2),
             "top_cumulative_us_per_step": top_by(3)}
+
+
+def host_api_calls(engine, steps: int, top: int = 10) -> dict:
+    """`steps` more batch-1 steps under torch.profiler with the host's activity: per step, the CUDA runtime / driver
+    calls by name (count, total and longest us). A launch call far longer than its usual few us waited for the device
+    (a full launch queue, or a graph whose previous launch had not finished)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    calls: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])   # name -> count, total us, max us
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CPU and re.match(r"cu[A-Z]|cuda[A-Z]", ev.name):
+            duration = ev.time_range.end - ev.time_range.start
+            entry = calls[ev.name]
+            entry[0] += 1
+            entry[1] += duration
+            entry[2] = max(entry[2], duration)
+    rows = sorted(calls.items(), key=lambda kv: -kv[1][1])[:top]
+    return {name: {"per_step": round(n / steps, 1), "us_per_step": round(total / steps, 1), "max_us": round(longest, 1)}
+            for name, (n, total, longest) in rows}
 
 
 def profile_batch_one(engine, out: Path) -> dict:

@@ -227,18 +227,26 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_graphs_match_eager(make_tiny_checkpoint):
-    """Decode graphs and the piecewise graphs of prefill / mixed steps give the eager engine's greedy tokens."""
+    """Decode graphs, the LM head + draw graphs and the piecewise graphs of prefill / mixed steps give the
+    eager engine's tokens (greedy and seeded random rows)."""
     model_dir = make_tiny_checkpoint("qwen3", hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
                                      head_dim=128, intermediate_size=512)
     prompts = _prompts([3, 17, 33, 50, 71, 5, 9, 12, 40, 2, 66], seed=7)
-    params = [SamplingParams(temperature=0.0, max_tokens=10 + 7 * i, ignore_eos=True) for i in range(len(prompts))]
+    params = [SamplingParams(temperature=0.0 if i % 3 else 0.8, seed=i, max_tokens=10 + 7 * i, ignore_eos=True)
+              for i in range(len(prompts))]
     results = {}
     mixed_replayed = []
+    head_replayed = []
     for eager in (True, False):
         # 4 sequences at a time: later prompts join running decodes (mixed steps)
         llm = LLM(str(model_dir), dtype="float32", enforce_eager=eager, gpu_memory_utilization=0.3, max_num_seqs=4)
         runner = llm.llm_engine.executor.runner
         assert runner.graphs.emulate == eager and runner.graphs.graphs
+        heads = runner.head_graphs
+        assert heads is not None and heads.emulate == eager and (eager or heads.graphs)
+        if not eager:
+            replay_head = heads.replay
+            heads.replay = lambda padded, n, run=replay_head: (head_replayed.append((padded, n)), run(padded, n))[1]
         mixed = runner.mixed_graphs             # prefill and mixed steps: piecewise graphs unless eager
         assert (mixed is None) == eager
         if mixed is not None:
@@ -249,6 +257,7 @@ def test_cuda_graphs_match_eager(make_tiny_checkpoint):
         llm.shutdown()
     assert results[True] == results[False]
     assert len(mixed_replayed) >= 3 and any(padded > n for padded, n in mixed_replayed)
+    assert len(head_replayed) >= 10 and any(padded > n for padded, n in head_replayed)
 
 
 @pytest.fixture(scope="module")

@@ -74,22 +74,24 @@ def test_profile_runs_work_on_any_device(runner):
     assert runner.attention_layers[0].k_cache.shape[0] == 32          # the real cache is back
 
 
-def _greedy_run(runner: ModelRunner, prompts: list[list[int]],
-                max_tokens: list[int]) -> tuple[list[list[int]], list[list[float]]]:
+def _greedy_run(runner: ModelRunner, prompts: list[list[int]], max_tokens: list[int],
+                params: list[SamplingParams] | None = None) -> tuple[list[list[int]], list[list[float]]]:
     """Run the prompts to completion through runner.execute over the runner's 64-block cache;
-    each sequence's greedy ids and their logprobs."""
+    each sequence's greedy ids and their logprobs (params: each sequence's own instead, seeded by its index)."""
     sched = Scheduler(num_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
     builder = StepBuilder(16, runner.config.max_blocks_per_seq)
     sampling = SamplingBatchBuilder(runner.config.hf_config.vocab_size)
-    params = SamplingParams(temperature=0.0, logprobs=0)
     seqs = [Sequence(list(p), StopRules(max_tokens=n, ignore_eos=True))
             for p, n in zip(prompts, max_tokens, strict=True)]
+    greedy = SamplingParams(temperature=0.0, logprobs=0)
+    row_params = {seq.seq_id: (params[i] if params else greedy, 1000 + i) for i, seq in enumerate(seqs)}
     logprobs: dict[int, list[float]] = {seq.seq_id: [] for seq in seqs}
     for seq in seqs:
         sched.add(seq)
     while sched.has_unfinished():
         out = sched.schedule()
-        batch = sampling.build([(params, 0, s.seq.num_output_tokens) for s in out.sampling]) if out.sampling else None
+        rows = [(*row_params[s.seq.seq_id], s.seq.num_output_tokens) for s in out.sampling]
+        batch = sampling.build(rows) if rows else None
         result = runner.execute(builder.build(out, batch))
         for s, logprob in zip(out.sampling, result.logprobs or [], strict=False):
             logprobs[s.seq.seq_id].append(logprob)
@@ -139,3 +141,44 @@ def test_emulated_decode_graphs_match_eager(tiny_model_dir):
     assert {padded for padded, _ in replayed} >= {8, 4, 1}
     # prefill and mixed steps ran through the piecewise-graph path, padded
     assert mixed_replayed and all(padded > n for padded, n in mixed_replayed)
+
+
+def test_emulated_head_graphs_draw_as_the_eager_sampler(tiny_model_dir):
+    """Decode steps whose rows need only a temperature (greedy and seeded random rows mixed) take the LM head
+    and draw of the head graphs (staged temperatures, seeds and positions, padded rows), and draw exactly the
+    ids of the eager LM head and sampler; a step with a row that needs more (top-p) still samples eagerly."""
+    config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
+                        block_size=16).create_engine_config()
+    prompts = [[(5 * i + 11 * j) % 500 + 1 for j in range(n)] for i, n in enumerate([6, 19, 3, 28, 11])]
+    max_tokens = [9, 14, 6, 11, 8]
+    params = [SamplingParams(temperature=t, seed=7) for t in (0.0, 0.9, 1.3, 0.0, 0.6)]
+    filtered = [*params[:4], SamplingParams(temperature=0.9, top_p=0.5, seed=7)]
+    results = {}
+    for use_head_graphs in (True, False):
+        runner = ModelRunner(config, 0)
+        try:
+            runner.allocate_kv_cache(64)
+            runner.capture_cudagraphs(emulate=True)
+            heads = runner.head_graphs
+            assert heads is not None and sorted(heads.runs) == [1, 2, 4, 8]
+            if not use_head_graphs:
+                runner.head_graphs = None
+            replayed: list[tuple[int, int]] = []
+            heads.replay = lambda padded, batch, log=replayed, run=heads.replay: (
+                log.append((padded, batch)), run(padded, batch))[1]
+            ids, _ = _greedy_run(runner, prompts, max_tokens, params)
+            results[use_head_graphs] = ids
+            if use_head_graphs:
+                assert any(padded > batch for padded, batch in replayed)
+                assert {padded for padded, _ in replayed} >= {8, 4, 1}
+                replayed.clear()
+                with_filter, _ = _greedy_run(runner, prompts, max_tokens, filtered)
+                # the top-p row decodes alongside the others until its last token: no head graph then
+                assert all(batch < 4 for _, batch in replayed)
+                assert [len(i) for i in with_filter] == max_tokens
+            else:
+                assert not replayed
+        finally:
+            runner.shutdown()
+    assert [len(i) for i in results[True]] == max_tokens
+    assert results[True] == results[False]

@@ -5,6 +5,7 @@ import pickle
 import random
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.sampling_batch import SamplingBatchBuilder, SamplingRow, sequence_seed, unpack_results
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.step import StepResult
-from nv_layers.sampler import Sampler
+from nv_layers.sampler import Sampler, fast_path_applies
 
 VOCAB = 64
 EOS = 63
@@ -42,6 +43,23 @@ def test_flags_and_greedy_rows_have_filters_off():
     mixed = [SamplingRow(SamplingParams(top_k=5), 1, 0), SamplingRow(SamplingParams(top_k=9), 1, 0)]
     flags = SamplingBatchBuilder(VOCAB).build(mixed).flags
     assert flags["any_top_k"] and flags["max_top_k"] == 9 and flags["need_logprobs"] is False
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"temperature": 0.0}, {"temperature": 0.0, "top_p": 0.5, "top_k": 3}, {"top_k": 5}, {"top_p": 0.9},
+    {"min_p": 0.1}, {"logprobs": 0}, {"logprobs": 3}, {"presence_penalty": 0.5}, {"frequency_penalty": 0.2},
+    {"repetition_penalty": 1.2}, {"logit_bias": {4: 2.0}}, {"allowed_token_ids": [1, 2]},
+    {"min_tokens": 3}])
+def test_temperature_only_is_the_samplers_fast_path(extra):
+    """SamplingBatch.temperature_only (decided on the host, where the runner picks the LM head's CUDA graph)
+    holds exactly when the sampler's fast path applies to the batch's tensors, a grammar's bitmask aside."""
+    rows = [SamplingRow(SamplingParams(**{"temperature": 0.8, **extra}), 1, 0, [1, 2], [3]),
+            SamplingRow(SamplingParams(temperature=0.0), 2, 0, [1], [5])]
+    batch = SamplingBatchBuilder(VOCAB, [EOS]).build(rows)
+    assert batch.temperature_only == fast_path_applies(SamplingTensorsSource("cpu").get(batch))
+    assert batch.temperature_only == (not extra or extra.get("temperature") == 0.0)
+    batch.token_bitmask = np.full((2, 2), -1, dtype=np.int32)
+    assert not batch.temperature_only
 
 
 def test_static_part_is_cached_while_params_are_the_same_objects():

@@ -16,6 +16,10 @@ import numpy as np
 # previous step's sampled id on the device. Never a real token id, never a stop id.
 PLACEHOLDER_TOKEN = -1
 
+# SamplingBatch.arrays entries that ask for more than a temperature (present only when some row uses them)
+_BEYOND_TEMPERATURE = ("presence_penalties", "frequency_penalties", "repetition_penalties", "allowed_token_ids",
+                       "logit_bias_ids")
+
 
 class SamplingFlags(TypedDict):
     """SamplingTensors' Python-side fields (a plain dict: it unpacks into SamplingTensors' keywords)."""
@@ -49,6 +53,20 @@ class SamplingBatch:
     @property
     def num_rows(self) -> int:
         return int(self.seeds_positions.shape[1])
+
+    @property
+    def temperature_only(self) -> bool:
+        """Whether every row samples with nothing but its temperature (0: greedy): no grammar bitmask, bans,
+        allowed ids, logit bias, penalties, top-k / top-p / min-p filter or logprobs. The host-side twin of
+        nv_layers.sampler.fast_path_applies (without a bitmask); such steps may draw inside a CUDA graph."""
+        flags = self.flags
+        if flags["need_logprobs"] or flags["num_logprobs"] > 0:
+            return False
+        if self.token_bitmask is not None or self.banned_token_ids is not None:
+            return False
+        if any(name in self.arrays for name in _BEYOND_TEMPERATURE):
+            return False
+        return flags["all_greedy"] or not (flags["any_top_k"] or flags["any_top_p"] or flags["any_min_p"])
 
 
 @dataclass

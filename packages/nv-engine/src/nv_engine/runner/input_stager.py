@@ -1,5 +1,6 @@
 """InputStager: a StepInput's arrays -> device tensors and the ForwardContext over them, in two
-layouts: the fixed decode layout that CUDA graphs replay on, and a compact eager layout for any step
+layouts: the fixed decode layout that CUDA graphs replay on (with each row's temperature, seed and
+sampling position, which the LM head's graphs draw with), and a compact eager layout for any step
 (its ids, positions and slots optionally padded, for the CUDA graphs of mixed steps).
 
 Two StagingBuffers (int64 and int32) each take one host -> device copy per step."""
@@ -16,6 +17,16 @@ from nv_kernels import AttentionBackend
 from nv_layers.forward_context import ForwardContext
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY_I32 = np.zeros(0, dtype=np.int32)
+_NO_ROWS = np.zeros((0, 0), dtype=np.int64)
+
+
+class DrawInputs(NamedTuple):
+    """A decode step's per-row inputs of a temperature-only draw (runner.head_graphs), [padded] each."""
+
+    temperatures: torch.Tensor            # float32; 0 = greedy (and on padding rows)
+    seeds: torch.Tensor                   # int64
+    positions: torch.Tensor               # int64: the index of the token being sampled (output count)
 
 
 class StagedStep(NamedTuple):
@@ -24,6 +35,7 @@ class StagedStep(NamedTuple):
     positions: torch.Tensor               # [T] (or [padded])
     prev_rows: torch.Tensor | None        # [K] rows of ids to take from the previous step's samples
     prev_src: torch.Tensor | None         # [K] their index in that step's sampled ids
+    draw: DrawInputs | None = None        # decode layout only
 
 
 class InputStager:
@@ -33,16 +45,20 @@ class InputStager:
         self.max_model_len = max_model_len
         self.max_blocks = max_blocks_per_seq
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
-        # int64: ids, positions, slots [T each] + logits indices [S] + previous-step gather [K, K]
-        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 3 * max_num_seqs + 8, device)
-        # int32: seq lens [B], cu_seqlens [B+1], block tables [B, M]; or a dummy mixed step's [T], [T+1], [T, 1]
+        # int64: ids, positions, slots [T each] + logits indices [S] + previous-step gather [K, K];
+        # decode also seeds and sampling positions [2, B]
+        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 5 * max_num_seqs + 8, device)
+        # int32: seq lens [B], cu_seqlens [B+1] (decode: temperatures' float32 bits [B]), block tables [B, M];
+        # or a dummy mixed step's [T], [T+1], [T, 1]
         self.i32 = StagingBuffer(torch.int32, max(2 * max_num_seqs + 1 + max_num_seqs * max_blocks_per_seq,
                                                   3 * max_tokens + 1) + 8, device)
 
     def stage_decode(self, padded: int, step: StepInput | None, dummy: bool = False) -> StagedStep:
         """Stage a decode batch padded to `padded` rows in the fixed graph layout:
-        int64 [ids | positions | slots], int32 [seq_lens | block_tables (padded x max_blocks)].
-        Padding rows have slot -1 and length 0. The previous-step gather indices (if any) follow.
+        int64 [ids | positions | slots | seeds, sampling positions (2 x padded)],
+        int32 [seq_lens | block_tables (padded x max_blocks) | temperatures (float32 bits)].
+        Padding rows have slot -1, length 0 and temperature 0. The previous-step gather indices (if
+        any) follow. A step without a SamplingBatch (greedy) stages temperature 0 everywhere.
         dummy=True (graph capture, step None): every row a one-token context in block 0, nothing
         written to the cache."""
         i64, i32, max_blocks = self.i64, self.i32, self.max_blocks
@@ -60,6 +76,15 @@ class InputStager:
             slots = i64.put(step.slot_mapping, padded, fill=-1)
             seq_lens = i32.put(step.seq_lens, padded, fill=0)
             block_tables = i32.put_rows(step.block_tables, padded, max_blocks)
+        sampling = None if step is None else step.sampling
+        if sampling is None:
+            seeds_positions = i64.put_rows(_NO_ROWS, 2, padded)            # [2, padded]: unread where greedy
+            temperatures = i32.put(_EMPTY_I32, padded, fill=0)
+        else:
+            seeds_positions = i64.put_rows(sampling.seeds_positions, 2, padded)
+            temperatures = i32.put(np.asarray(sampling.arrays["temperatures"], np.float32).view(np.int32),
+                                 padded, fill=0)
+        draw = DrawInputs(temperatures.view(torch.float32), seeds_positions[0], seeds_positions[1])
         prev_rows, prev_src = self._stage_prev(step)
         i64.upload()
         i32.upload()
@@ -67,7 +92,7 @@ class InputStager:
             is_decode=True, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables,
             cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=self.max_model_len,
             logits_indices=None, backend=self.backend)
-        return StagedStep(ctx, ids, positions, prev_rows, prev_src)
+        return StagedStep(ctx, ids, positions, prev_rows, prev_src, draw)
 
     def stage_eager(self, step: StepInput, padded: int | None = None) -> StagedStep:
         """Stage any step in a compact layout: int64 [ids | positions | slots | logits indices],

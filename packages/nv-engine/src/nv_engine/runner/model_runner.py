@@ -3,8 +3,9 @@ device side of a step (inputs -> forward -> logits -> sampled ids).
 
 A step is `launch(step)` (stage inputs with numpy into pinned memory, one copy per dtype, run the
 model: a CUDA graph for pure decode, piecewise graphs around an eager attention for other steps of
-up to 2,048 tokens (runner.mixed_graphs), eager beyond; sample on the device, start the copy of the
-sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
+up to 2,048 tokens (runner.mixed_graphs), eager beyond; sample on the device (a pure-decode step
+that needs only temperatures: LM head and draw in a second graph, runner.head_graphs), start the
+copy of the sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
 does both; an engine that overlaps steps can call launch for step N+1 before collect of step N.
 
 A step launched with `StepInput.defer_sampling` stops at the logits; `sample(token_bitmask)` then
@@ -14,7 +15,6 @@ in between: the next `launch` takes its input ids from this step's sampled ids.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -30,13 +30,15 @@ from nv_engine.checkpoints.registry import get_model_class
 from nv_engine.config import EngineConfig
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KVCacheLayer
+from nv_engine.runner.head_graphs import HeadRun, SampledHeadGraphs, head_graphs_enabled
 from nv_engine.runner.input_stager import InputStager, StagedStep
 from nv_engine.runner.kv_scales import KVScaleSetter
 from nv_engine.runner.memory import cpu_num_blocks
 from nv_engine.runner.mixed_graphs import MixedStepGraphs, mixed_graph_sizes
+from nv_engine.runner.prompt_logprobs_head import PromptLogprobsHead
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
-from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult, SamplingBatch, StepInput, StepResult
+from nv_engine.step import PromptLogprobsResult, SamplingBatch, StepInput, StepResult
 from nv_kernels import get_backend
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.kv_quant import is_fp8
@@ -52,7 +54,7 @@ from nv_layers.parallel_state import (
     release_custom_all_reduce,
     tp_group_aborted,
 )
-from nv_layers.sampler import Sampler, SamplingTensors, compute_logprobs
+from nv_layers.sampler import Sampler, SamplerOutput, SamplingTensors
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.graphs: DecodeGraphs | None = None
+        self.head_graphs: SampledHeadGraphs | None = None   # LM head + temperature-only draw (TP 1)
         self.mixed_graphs: MixedStepGraphs | None = None   # steps that are not pure decode (TP 1)
         self.max_batch = config.max_num_seqs
         self.stager = InputStager(self.backend, max_model_len=config.max_model_len,
@@ -115,6 +118,7 @@ class ModelRunner:
                                   max_num_batched_tokens=config.max_num_batched_tokens,
                                   max_num_seqs=self.max_batch, device=self.device)
         self.results = ResultCopier(self.max_batch, self.device)
+        self.prompt_logprobs = PromptLogprobsHead(self.model, self.device, self.is_driver)
         self.last_sampled: torch.Tensor | None = None   # [S] sampled ids of the last launched step
         self.unsampled: _UnsampledStep | None = None     # a defer_sampling step waiting for sample()
         # With the symmetric-memory all-reduce, rank 0 polls an event per launched step instead of
@@ -207,6 +211,9 @@ class ModelRunner:
         if not emulate and get_tp_size() == 1:     # a rank alone decides what to compile ahead (no collectives)
             self._compile_ahead([(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)])
         self.graphs.capture(*self._on_staged_inputs(stage_decode))
+        if get_tp_size() == 1 and head_graphs_enabled():
+            self.head_graphs = SampledHeadGraphs(self.graphs.sizes, self.device, emulate=emulate)
+            self.head_graphs.capture(self._head_for_size, self.graphs.pool)
         if not sizes:
             return
         layer = cast(Attention, self.attention_layers[0])
@@ -228,6 +235,18 @@ class ModelRunner:
         ParallelTritonCompile.ahead(
             self.device, [forward(stage, size) for stage, sizes in passes for size in reversed(sizes)],
             "the CUDA graphs")
+
+    def _head_for_size(self, size: int) -> HeadRun:
+        """The LM head and temperature-only draw over the decode graphs' hidden [size, H] and the draw inputs
+        of a dummy decode batch of `size` rows staged now (the addresses every later step of that size uses)."""
+        if self.graphs is None:
+            raise RuntimeError("the decode graphs are captured before the LM head's")
+        draw = self.stager.stage_decode(size, None, dummy=True).draw
+        if draw is None:
+            raise RuntimeError("the decode layout stages the draw inputs")
+        tensors = self.sampling_tensors.temperature_only(draw)
+        hidden = self.graphs.hidden[:size]
+        return lambda: self.sampler(self.model.compute_logits(hidden), tensors).token_ids
 
     def _on_staged_inputs(self, stage: Callable[[int], StagedStep]) -> tuple[
             Callable[[int], ForwardContext], Callable[[int], torch.Tensor]]:
@@ -277,6 +296,11 @@ class ModelRunner:
         prompt_logprobs = None                 # PromptLogprobsResult: only eager steps carry prompt rows
         if graphs is not None and padded is not None:
             hidden = graphs.replay(padded, batch)                         # [B, H]
+            heads = self.head_graphs
+            if heads is not None and not step.defer_sampling and (
+                    step.sampling is None or step.sampling.temperature_only):
+                self._sampled(SamplerOutput(heads.replay(padded, batch), None, None, None, None), None)
+                return
             logits = self.model.compute_logits(hidden)                    # [B, V]
         else:
             with forward_context(staged.ctx):
@@ -286,7 +310,7 @@ class ModelRunner:
                     hidden = self.model(staged.ids, staged.positions)         # [T, H]
                 logits = None if len(step.logits_indices) == 0 else self.model.compute_logits(hidden)  # [S, V]
             if step.prompt_logprobs is not None:
-                prompt_logprobs = self._prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs)
+                prompt_logprobs = self.prompt_logprobs(hidden, staged.ctx, step.prompt_logprobs)
         if logits is None:                                                # only partial prefill chunks
             self.last_sampled = None
             if self.is_driver:
@@ -314,7 +338,9 @@ class ModelRunner:
         # and the all-reduces sum in the same order everywhere) and the draw is a hash of (seed,
         # position), so every rank holds the same ids and takes the next step's input ids from its
         # own copy without a host round trip. Only rank 0 copies them back to the host.
-        out = self.sampler(logits, tensors)
+        self._sampled(self.sampler(logits, tensors), prompt_logprobs)
+
+    def _sampled(self, out: SamplerOutput, prompt_logprobs: PromptLogprobsResult | None) -> None:
         self.last_sampled = out.token_ids                                 # [S] on the device
         if self.is_driver:
             self.results.start(out, prompt_logprobs)
@@ -326,33 +352,6 @@ class ModelRunner:
             event = torch.cuda.Event()
             event.record()
             self.launched_events.append(event)
-
-    # Prompt rows per LM-head pass: bounds the [rows, V] float32 logits of a long prompt chunk.
-    PROMPT_LOGPROBS_ROWS = 512
-
-    def _prompt_logprobs(self, hidden: torch.Tensor, ctx: ForwardContext,
-                         batch: PromptLogprobsBatch) -> PromptLogprobsResult | None:
-        """Raw log_softmax (float32) of the prompt rows: each target token's logprob and rank, and
-        the top-k. Every rank runs the LM head (its all-gather); rank 0 returns the result."""
-        rows = torch.from_numpy(batch.rows).to(self.device)                      # [P]
-        targets = torch.from_numpy(batch.target_ids).to(self.device)             # [P]
-        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
-        for lo in range(0, rows.shape[0], self.PROMPT_LOGPROBS_ROWS):
-            hi = lo + self.PROMPT_LOGPROBS_ROWS
-            with forward_context(dataclasses.replace(ctx, logits_indices=rows[lo:hi])):
-                logits = self.model.compute_logits(hidden)                      # [p, V]
-            if self.is_driver:
-                parts.append(compute_logprobs(logits.float(), targets[lo:hi], batch.num_logprobs))
-        if not self.is_driver:
-            return None
-        chosen = torch.cat([p[0] for p in parts])
-        ranks = torch.cat([p[1] for p in parts])
-        topk_ids: list[list[int]] = [[] for _ in range(chosen.shape[0])]
-        topk_logprobs: list[list[float]] = [[] for _ in range(chosen.shape[0])]
-        if batch.num_logprobs > 0:
-            topk_ids = torch.cat([p[2] for p in parts if p[2] is not None]).tolist()
-            topk_logprobs = torch.cat([p[3] for p in parts if p[3] is not None]).tolist()
-        return PromptLogprobsResult(chosen.tolist(), ranks.tolist(), topk_ids, topk_logprobs)
 
     def collect(self) -> StepResult | None:
         """Wait for the oldest uncollected step's sampled ids (rank 0); None on other ranks."""
@@ -368,6 +367,9 @@ class ModelRunner:
 
     # ---- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
+        if self.head_graphs is not None:
+            self.head_graphs.release()
+            self.head_graphs = None
         if self.graphs is not None:
             self.graphs.release()
             self.graphs = None

@@ -1,11 +1,13 @@
 """SamplingTensorsSource: the runner's SamplingTensors for a step: a SamplingBatch's arrays on the
 device (reusing the static tensors of the previous batch when its static_id is the same), all-greedy
-tensors when the step carries no batch, and the worst case that the memory profile samples with."""
+tensors when the step carries no batch, a temperature-only draw over staged inputs (the LM head's
+graphs), and the worst case that the memory profile samples with."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from nv_engine.runner.input_stager import DrawInputs
 from nv_engine.runner.pinned_stage import PinnedStage
 from nv_engine.step import SamplingBatch
 from nv_layers.sampler import SamplingTensors
@@ -52,6 +54,17 @@ class SamplingTensorsSource:
             seeds=torch.zeros(num_rows, dtype=torch.int64, device=device),
             positions=torch.zeros(num_rows, dtype=torch.int64, device=device),
             all_greedy=True, any_greedy=True, any_top_k=False, any_top_p=False, any_min_p=False)
+
+    @staticmethod
+    def temperature_only(draw: DrawInputs) -> SamplingTensors:
+        """A draw by temperature alone over `draw`'s rows (0: greedy): the sampler's fast path, whatever the
+        values (no filter, penalty or logprob stage; the filters' tensors are never read)."""
+        temperatures = draw.temperatures
+        return SamplingTensors(
+            temperatures=temperatures, top_k=torch.zeros_like(temperatures, dtype=torch.int32),
+            top_p=torch.ones_like(temperatures), min_p=torch.zeros_like(temperatures), seeds=draw.seeds,
+            positions=draw.positions, all_greedy=False, any_greedy=True, any_top_k=False, any_top_p=False,
+            any_min_p=False)
 
     def worst_case(self, num_rows: int, vocab_size: int | None = None) -> SamplingTensors:
         """Every sampler stage on (the memory profile's worst case; with vocab_size, a grammar's
