@@ -11,6 +11,7 @@ Every KV cache is far larger than the 60 MB L2 and its block table is a random p
 4096, as the engine's graphs): the unfused path (q/k norm + rotary + store kernel, then decode), the fused one
 (decode_attention with a DecodeRope) and decode alone, each as --layers calls (28) on distinct caches in one
 CUDA graph, in us per layer. Point PYTHONPATH at another checkout's src to compare kernel versions.
+--rope --sweep also times the fused decode over splits x tile x warps x stages and prints the fastest five.
 """
 from __future__ import annotations
 
@@ -127,20 +128,29 @@ def graph_us(fn, repeats: int) -> float:
     return 1e3 * median_ms(graph.replay, rep=200) / repeats
 
 
-def bench_rope(batches: list[int], layers: int, results: list[dict], context: int = 1024, bs: int = 64) -> None:
+def bench_rope(batches: list[int], layers: int, results: list[dict], context: int = 1024, bs: int = 64,
+               sweep: bool = False) -> None:
     """Unfused (norm + rotary + store, then decode) vs fused (decode_attention with a DecodeRope) vs decode alone;
     layer i reads its own pages of one pool (no layer finds the previous one's KV in L2)."""
     for batch in batches:
-        row = rope_row(batch, layers, context, bs)
+        row = rope_row(batch, layers, context, bs, sweep)
         results.append(row)
         print(f"decode+rope B={batch:3d} ctx={context} BS={bs}: unfused {row['unfused_us']:6.2f} us  fused "
               f"{row['fused_us']:6.2f} us  decode alone {row['decode_alone_us']:6.2f} us  (per layer; x{layers} "
               f"layers = {layers * (row['unfused_us'] - row['fused_us']):.1f} us saved per step)", flush=True)
         print(f"  (registers, spills) of the decode kernel: plain {row['unfused_regs_spills']}  with rope "
               f"{row['fused_regs_spills']}", flush=True)
+        if "sweep" in row:
+            print(f"  the fused decode's launch today: {row['fused_config']}", flush=True)
+        for swept in sorted(row.get("sweep", []), key=lambda r: r["us"])[:5]:
+            print(f"  fused, {swept['config']}: {swept['us']:6.2f} us", flush=True)
 
 
-def rope_row(batch: int, layers: int, context: int, bs: int) -> dict:
+# --sweep: (num_splits, tile, num_warps, num_stages) of the fused decode
+SWEEP = list(itertools.product((2, 3, 4, 6, 8), (64, 128), (4, 8), (2, 3)))
+
+
+def rope_row(batch: int, layers: int, context: int, bs: int, sweep: bool = False) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(2)
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, D, 2, device="cuda").float() / D))
     freqs = torch.outer(torch.arange(8192, device="cuda").float(), inv_freq)
@@ -172,6 +182,17 @@ def rope_row(batch: int, layers: int, context: int, bs: int) -> dict:
         row[f"{name}_us"] = graph_us(fn, layers)
         new = [k for key, k in decode_variants().items() if key not in before and hasattr(k, "n_regs")]   # by fn
         row[f"{name}_regs_spills"] = [(k.n_regs, k.n_spills) for k in new]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    row["fused_config"] = dict(num_splits=choose_num_splits(batch, HKV, 4096, sms), tile=choose_tile(bs, D))
+    for splits, tile, warps, stages in SWEEP if sweep else ():
+        config = dict(num_splits=splits, tile=tile, num_warps=warps, num_stages=stages)
+
+        def swept(i: int, config: dict = config) -> None:
+            decode_attention(q, kc, vc, seq_lens, tables[i], 4096, SCALE, rope=ropes[i], **config)
+        try:
+            row.setdefault("sweep", []).append(dict(config=config, us=graph_us(swept, layers)))
+        except Exception as exc:   # a variant that does not compile or fit
+            print(f"  skip {config}: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
     return row
 
 
@@ -249,6 +270,7 @@ def main() -> None:
     parser.add_argument("--rope", action="store_true", help="only the fused decode's timing (see above)")
     parser.add_argument("--rope-batches", default="1,16,64")
     parser.add_argument("--layers", type=int, default=28, help="--rope: calls per graph, on distinct caches")
+    parser.add_argument("--sweep", action="store_true", help="--rope: also sweep the fused decode's launch")
     args = parser.parse_args()
     start = time.time()
     header = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -256,7 +278,7 @@ def main() -> None:
     print(header, flush=True)
     results: list[dict] = []
     if args.rope:
-        bench_rope([int(b) for b in args.rope_batches.split(",")], args.layers, results)
+        bench_rope([int(b) for b in args.rope_batches.split(",")], args.layers, results, sweep=args.sweep)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(header, results=results), f, indent=1)
