@@ -2,11 +2,18 @@
 CUDA-graph input layout (emulated graphs) against eager steps."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 
+from nv_engine.config import EngineConfig
 from nv_engine.engine_args import EngineArgs
+from nv_engine.runner.cuda_graphs import DecodeGraphs
+from nv_engine.runner.head_graphs import SampledHeadGraphs
 from nv_engine.runner.memory import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
+from nv_engine.runner.mixed_graphs import MixedStepGraphs
 from nv_engine.runner.model_runner import ModelRunner
 from nv_engine.sampling_batch import SamplingBatchBuilder
 from nv_engine.sampling_params import SamplingParams
@@ -14,10 +21,40 @@ from nv_engine.step_builder import StepBuilder
 from nv_kvcache import Scheduler, Sequence, StopRules
 
 
+def _tiny_config(tiny_model_dir) -> EngineConfig:
+    """CPU, at most 8 sequences (decode graph sizes 1 / 2 / 4 / 8), blocks of 16."""
+    return EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
+                      block_size=16).create_engine_config()
+
+
+def _record_replays(graphs: DecodeGraphs | MixedStepGraphs | SampledHeadGraphs) -> list[tuple[int, int]]:
+    """Wrap graphs.replay(padded, n) so that each call appends its (padded, n) to the list returned."""
+    calls: list[tuple[int, int]] = []
+    replay = graphs.replay
+
+    def recorded(padded: int, n: int) -> torch.Tensor:
+        calls.append((padded, n))
+        return replay(padded, n)
+
+    graphs.replay = recorded
+    return calls
+
+
+@contextlib.contextmanager
+def _emulated_graph_runner(config: EngineConfig) -> Iterator[ModelRunner]:
+    """A runner with 64 KV blocks and its CUDA graphs captured in emulation (CPU); shut down on exit."""
+    graph_runner = ModelRunner(config, 0)
+    try:
+        graph_runner.allocate_kv_cache(64)
+        graph_runner.capture_cudagraphs(emulate=True)
+        yield graph_runner
+    finally:
+        graph_runner.shutdown()
+
+
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir):
-    config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
-                        block_size=16).create_engine_config()
+    config = _tiny_config(tiny_model_dir)
     r = ModelRunner(config, 0)
     yield r
     r.shutdown()
@@ -105,8 +142,7 @@ def test_emulated_decode_graphs_match_eager(tiny_model_dir):
     the piecewise graphs' layout (padded ids / positions / slots, q and the attention output in shared
     static buffers, attention on the real rows only), sample the same greedy ids, with the same
     logprobs, as eager steps."""
-    config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
-                        block_size=16).create_engine_config()
+    config = _tiny_config(tiny_model_dir)
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate([5, 17, 33, 2, 40, 9, 21])]
     max_tokens = [4, 12, 7, 20, 3, 15, 9]
     eager_runner = ModelRunner(config, 0)
@@ -115,24 +151,15 @@ def test_emulated_decode_graphs_match_eager(tiny_model_dir):
         eager_ids, eager_logprobs = _greedy_run(eager_runner, prompts, max_tokens)
     finally:
         eager_runner.shutdown()
-    graph_runner = ModelRunner(config, 0)
-    try:
-        graph_runner.allocate_kv_cache(64)
-        graph_runner.capture_cudagraphs(emulate=True)
+    with _emulated_graph_runner(config) as graph_runner:
         graphs = graph_runner.graphs
         assert graphs is not None and sorted(graphs.graphs) == [1, 2, 4, 8]
-        replayed = []
-        replay = graphs.replay
-        graphs.replay = lambda padded, batch: (replayed.append((padded, batch)), replay(padded, batch))[1]
+        replayed = _record_replays(graphs)
         mixed = graph_runner.mixed_graphs
         assert mixed is not None and mixed.sizes[0] == 16
         assert mixed.sizes[-1] == min(config.max_num_batched_tokens, 2048)
-        mixed_replayed = []
-        mixed_replay = mixed.replay
-        mixed.replay = lambda padded, n: (mixed_replayed.append((padded, n)), mixed_replay(padded, n))[1]
+        mixed_replayed = _record_replays(mixed)
         graph_ids, graph_logprobs = _greedy_run(graph_runner, prompts, max_tokens)
-    finally:
-        graph_runner.shutdown()
     assert [len(ids) for ids in eager_ids] == [len(lps) for lps in eager_logprobs] == max_tokens
     assert graph_ids == eager_ids
     for eager_lps, graph_lps in zip(eager_logprobs, graph_logprobs, strict=True):
@@ -147,25 +174,19 @@ def test_emulated_head_graphs_draw_as_the_eager_sampler(tiny_model_dir):
     """Decode steps whose rows need only a temperature (greedy and seeded random rows mixed) take the LM head
     and draw of the head graphs (staged temperatures, seeds and positions, padded rows), and draw exactly the
     ids of the eager LM head and sampler; a step with a row that needs more (top-p) still samples eagerly."""
-    config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=256, max_num_seqs=8,
-                        block_size=16).create_engine_config()
+    config = _tiny_config(tiny_model_dir)
     prompts = [[(5 * i + 11 * j) % 500 + 1 for j in range(n)] for i, n in enumerate([6, 19, 3, 28, 11])]
     max_tokens = [9, 14, 6, 11, 8]
     params = [SamplingParams(temperature=t, seed=7) for t in (0.0, 0.9, 1.3, 0.0, 0.6)]
     filtered = [*params[:4], SamplingParams(temperature=0.9, top_p=0.5, seed=7)]
     results = {}
     for use_head_graphs in (True, False):
-        runner = ModelRunner(config, 0)
-        try:
-            runner.allocate_kv_cache(64)
-            runner.capture_cudagraphs(emulate=True)
+        with _emulated_graph_runner(config) as runner:
             heads = runner.head_graphs
             assert heads is not None and sorted(heads.runs) == [1, 2, 4, 8]
             if not use_head_graphs:
                 runner.head_graphs = None
-            replayed: list[tuple[int, int]] = []
-            heads.replay = lambda padded, batch, log=replayed, run=heads.replay: (
-                log.append((padded, batch)), run(padded, batch))[1]
+            replayed = _record_replays(heads)
             ids, _ = _greedy_run(runner, prompts, max_tokens, params)
             results[use_head_graphs] = ids
             if use_head_graphs:
@@ -178,7 +199,5 @@ def test_emulated_head_graphs_draw_as_the_eager_sampler(tiny_model_dir):
                 assert [len(i) for i in with_filter] == max_tokens
             else:
                 assert not replayed
-        finally:
-            runner.shutdown()
     assert [len(i) for i in results[True]] == max_tokens
     assert results[True] == results[False]
