@@ -15,10 +15,10 @@ import time
 
 import zmq
 
-from nv_engine.engine_core_codec import CoreMessageCodec
-from nv_engine.engine_core_message import CoreMessage
-from nv_engine.engine_core_output import SequenceUpdate
-from nv_engine.engine_core_outputs import EngineCoreOutputs
+from nv_engine.core.engine_core_codec import CoreMessageCodec
+from nv_engine.core.engine_core_message import CoreMessage
+from nv_engine.core.engine_core_outputs import EngineCoreOutputs
+from nv_engine.core.sequence_update import SequenceUpdate
 from nv_kvcache import SchedulerStats
 
 

@@ -40,16 +40,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nv_engine.checkpoints.random_model import qwen3_config
-from nv_engine.config import EngineConfig
-from nv_engine.engine_core import EngineCore
-from nv_engine.engine_core_codec import CoreMessageCodec
-from nv_engine.engine_core_message import CoreMessage
-from nv_engine.engine_core_request import EngineCoreRequest
+from nv_engine.config.engine_config import EngineConfig
+from nv_engine.core.engine_core import EngineCore
+from nv_engine.core.engine_core_codec import CoreMessageCodec
+from nv_engine.core.engine_core_message import CoreMessage
+from nv_engine.core.engine_core_request import EngineCoreRequest
+from nv_engine.core.stage_timer import StageTimer
 from nv_engine.executor.uniproc import UniProcExecutor
+from nv_engine.model_loader.random_model import qwen3_config
 from nv_engine.runner.host_only_runner import HostOnlyRunner
 from nv_engine.sampling_params import SamplingParams
-from nv_engine.stage_timer import StageTimer
 
 PHASES = ("add request", "schedule", "block manager", "postprocess", "sampling rows", "step build", "runner host",
           "collect", "report", "encode", "core other")

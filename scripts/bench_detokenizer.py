@@ -21,10 +21,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from nv_engine.byte_level_vocab import ByteLevelVocab
-from nv_engine.detokenizer import IncrementalDetokenizer
-from nv_engine.engine_core_output import SequenceUpdate
-from nv_engine.output_processor import OutputProcessor
+from nv_engine.core.sequence_update import SequenceUpdate
+from nv_engine.engine.byte_level_vocab import ByteLevelVocab
+from nv_engine.engine.detokenizer import IncrementalDetokenizer
+from nv_engine.engine.output_processor import OutputProcessor
 from nv_engine.sampling_params import RequestOutputKind, SamplingParams
 
 PROMPT_TOKENS = 32
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--window", action="store_true", help="also time the (slow) two-window decoder")
     args = parser.parse_args()
     if args.tokenizer is None:
-        from nv_engine.checkpoints.gguf.default_model import default_model_dir
+        from nv_engine.model_loader.gguf.default_model import default_model_dir
 
         args.tokenizer = str(default_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

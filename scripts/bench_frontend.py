@@ -27,17 +27,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-import nv_engine.async_llm
-from nv_engine.async_llm import AsyncLLM
-from nv_engine.checkpoints.random_model import cached_random_model
-from nv_engine.config import EngineConfig
-from nv_engine.engine_core_codec import CoreMessageCodec
-from nv_engine.engine_core_message import CoreMessage
-from nv_engine.engine_core_output import SequenceUpdate
-from nv_engine.engine_core_outputs import EngineCoreOutputs
-from nv_engine.engine_core_request import EngineCoreRequest
+import nv_engine.engine.async_llm
+from nv_engine.config.engine_config import EngineConfig
+from nv_engine.core.engine_core_codec import CoreMessageCodec
+from nv_engine.core.engine_core_message import CoreMessage
+from nv_engine.core.engine_core_outputs import EngineCoreOutputs
+from nv_engine.core.engine_core_request import EngineCoreRequest
+from nv_engine.core.sequence_update import SequenceUpdate
+from nv_engine.core.stage_timer import StageTimer
+from nv_engine.engine.async_llm import AsyncLLM
+from nv_engine.model_loader.random_model import cached_random_model
 from nv_engine.sampling_params import SamplingParams
-from nv_engine.stage_timer import StageTimer
 from nv_kvcache import FinishReason
 
 
@@ -154,13 +154,13 @@ def main() -> None:
         from nv_engine.entrypoints.server.cli import main as serve_main
 
         FakeCoreClient.step_s = args.step_ms / 1e3
-        nv_engine.async_llm.EngineCoreClient = FakeCoreClient    # type: ignore[misc,assignment]
+        nv_engine.engine.async_llm.EngineCoreClient = FakeCoreClient    # type: ignore[misc,assignment]
         model = args.model or str(cached_random_model("tiny")[0])
         raise SystemExit(serve_main([model, "--port", str(args.serve), "--device", "cpu", "--dtype", "float32",
                                      "--max-model-len", "4096", "--block-size", "16",
                                      "--num-gpu-blocks-override", "100000", "--max-num-seqs", "1024"]))
     if args.fake_core:
-        nv_engine.async_llm.EngineCoreClient = FakeCoreClient    # type: ignore[misc,assignment]
+        nv_engine.engine.async_llm.EngineCoreClient = FakeCoreClient    # type: ignore[misc,assignment]
     model = args.model or str(cached_random_model("tiny")[0])
     max_model_len = args.prompt_len + args.max_tokens + 16
     blocks = args.requests * math.ceil(max_model_len / 16) + 16

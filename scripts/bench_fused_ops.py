@@ -118,7 +118,7 @@ def bench_layer(batch: int, context: int, results: dict) -> None:
 
 
 def build_model():
-    from nv_engine.checkpoints.random_model import qwen3_config
+    from nv_engine.model_loader.random_model import qwen3_config
     from nv_qwen3 import Qwen3ForCausalLM
 
     previous = torch.get_default_dtype()

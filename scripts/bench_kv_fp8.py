@@ -68,7 +68,7 @@ def long_contexts(shape: str, num_prompts: int, prompt_len: int, output_len: int
     from pathlib import Path
 
     from nv_engine import LLM, SamplingParams
-    from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
+    from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
 
     model = str(nv_cache_dir() / f"bench-random-{shape}-bf16")
     if not (Path(model) / "model.safetensors").exists():
@@ -97,7 +97,7 @@ def long_contexts(shape: str, num_prompts: int, prompt_len: int, output_len: int
 
 def logprobs_closeness(gguf: str | None) -> None:
     from nv_engine import LLM, SamplingParams
-    from nv_engine.checkpoints.gguf import default_gguf_path
+    from nv_engine.model_loader.gguf import default_gguf_path
 
     questions = ["What is the capital of France?", "Explain why the sky is blue.", "Write a haiku about autumn.",
                  "How do vaccines work?", "Give me three tips for better sleep.", "What is photosynthesis?",

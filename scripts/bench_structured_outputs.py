@@ -58,9 +58,9 @@ from collections.abc import Callable
 import jsonschema
 
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams
-from nv_engine.checkpoints.gguf import default_gguf_path
-from nv_engine.engine_core import EngineCore
-from nv_engine.stage_timer import StageTimer
+from nv_engine.core.engine_core import EngineCore
+from nv_engine.core.stage_timer import StageTimer
+from nv_engine.model_loader.gguf import default_gguf_path
 
 SCHEMAS = [
     {"type": "object", "additionalProperties": False, "required": ["name", "age", "city", "hobbies"],

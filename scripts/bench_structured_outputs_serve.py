@@ -29,10 +29,10 @@ import jsonschema
 from bench_structured_outputs import median_round, requests
 from load_test import wait_healthy
 
-from nv_engine.checkpoints.gguf import default_gguf_path
-from nv_engine.entrypoints.bench_serve import run_clients
-from nv_engine.entrypoints.bench_serve_dataset import BenchServeDataset
-from nv_engine.entrypoints.bench_serve_types import BenchServeRequest, ClientSettings
+from nv_engine.entrypoints.bench.serve import run_clients
+from nv_engine.entrypoints.bench.serve_dataset import BenchServeDataset
+from nv_engine.entrypoints.bench.serve_types import BenchServeRequest, ClientSettings
+from nv_engine.model_loader.gguf import default_gguf_path
 
 SERVED_NAME = "smollm2"
 

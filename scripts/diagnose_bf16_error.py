@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nv_engine.checkpoints.random_model import SHAPES
+from nv_engine.model_loader.random_model import SHAPES
 from nv_kernels import get_backend
 from nv_kernels.fused_dispatch import fused_ops
 from nv_kernels.testing import dense_causal_attention, random_paged_batch

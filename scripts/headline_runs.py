@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 try:
-    from nv_engine.entrypoints.bench import make_workload
+    from nv_engine.entrypoints.bench.throughput import make_workload
 except ImportError:   # trees before the entrypoints/ layout
     from nv_engine.bench import make_workload  # type: ignore[no-redef]
 try:
-    from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
+    from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
 except ImportError:
     from nv_engine.random_model import nv_cache_dir, write_random_checkpoint  # type: ignore[no-redef]
 from nv_engine import LLM, SamplingParams

@@ -337,11 +337,11 @@ def full_vocab_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def write_load_test_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", seed: int = 0) -> Path:
-    """nv_engine.checkpoints.random_model's random-weight Qwen3 checkpoint (bf16) plus a full-vocabulary
+    """nv_engine.model_loader.random_model's random-weight Qwen3 checkpoint (bf16) plus a full-vocabulary
     tokenizer. Reuses the dir when it already holds one."""
     from transformers import AutoConfig
 
-    from nv_engine.checkpoints.random_model import write_random_checkpoint
+    from nv_engine.model_loader.random_model import write_random_checkpoint
 
     out = Path(out_dir)
     if not ((out / "model.safetensors").exists() and (out / "tokenizer.json").exists()):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from nv_engine.entrypoints.bench import checkpoint_parameters, copy_bandwidth
-from nv_engine.llm import LLM
+from nv_engine.entrypoints.bench.throughput import checkpoint_parameters, copy_bandwidth
+from nv_engine.entrypoints.llm import LLM
 from nv_engine.sampling_params import SamplingParams
 
 

@@ -14,7 +14,7 @@ record_environment
 CONCURRENCIES=${*:-16 64 256}
 export MODEL=$("$PYTHON" - <<'PY'
 from pathlib import Path
-from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
+from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
 model = nv_cache_dir() / "bench-random-qwen3-0.6b-bf16"
 if not (model / "model.safetensors").exists():
     write_random_checkpoint(str(model), "qwen3-0.6b", dtype="bfloat16")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from nv_engine.entrypoints.bench import make_workload
+from nv_engine.entrypoints.bench.throughput import make_workload
 
 WEIGHT_BYTES = 1.19e9                      # Qwen3-0.6B in bf16, tied LM head counted once
 KV_BYTES_PER_TOKEN = 28 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (K, V) x bf16

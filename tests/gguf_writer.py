@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from nv_engine.checkpoints.gguf.llama import permute_qk
+from nv_engine.model_loader.gguf.llama import permute_qk
 
 _HF_TO_GGUF_LAYER = {
     "input_layernorm": "attn_norm",

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from nv_engine import LLM, AsyncLLM, SamplingParams
-from nv_engine.engine_args import EngineArgs
-from nv_engine.engine_core_client import EngineCoreClient
-from nv_engine.engine_dead_error import EngineDeadError
-from nv_engine.engine_requests import eos_token_ids
+from nv_engine.config.engine_args import EngineArgs
+from nv_engine.engine.core_client import EngineCoreClient
+from nv_engine.engine.engine_dead_error import EngineDeadError
+from nv_engine.engine.engine_requests import eos_token_ids
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,10 +21,10 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from nv_engine import LLM, SamplingParams  # noqa: E402
-from nv_engine.engine_args import EngineArgs  # noqa: E402
+from nv_engine.config.engine_args import EngineArgs  # noqa: E402
+from nv_engine.engine.prefix_index import PrefixIndex  # noqa: E402
 from nv_engine.entrypoints.server.cli import build_app_for_engine, create_async_llm  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
-from nv_engine.prefix_index import PrefixIndex  # noqa: E402
 from nv_kvcache import BlockManager, Sequence  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)

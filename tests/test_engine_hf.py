@@ -262,7 +262,7 @@ def test_cuda_graphs_match_eager(make_tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def qwen3_06b_dir(tmp_path_factory):
-    from nv_engine.checkpoints.random_model import write_random_checkpoint
+    from nv_engine.model_loader.random_model import write_random_checkpoint
 
     # std 0.05: peaked next-token distributions, so bf16 rounding rarely reorders the top tokens
     return write_random_checkpoint(tmp_path_factory.mktemp("qwen3-0.6b") / "ckpt", "qwen3-0.6b",
@@ -282,7 +282,7 @@ def _bf16_follows_hf(model_dir, device: str, vocab: int, **llm_kwargs) -> None:
 
 
 def test_tiny_bf16_follows_hf_on_cpu(tmp_path):
-    from nv_engine.checkpoints.random_model import write_random_checkpoint
+    from nv_engine.model_loader.random_model import write_random_checkpoint
 
     model_dir = write_random_checkpoint(tmp_path / "tiny", "tiny", dtype="bfloat16", std=0.05)
     _bf16_follows_hf(model_dir, "cpu", vocab=512)

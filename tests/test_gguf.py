@@ -13,9 +13,9 @@ transformers = pytest.importorskip("transformers")
 
 from gguf_writer import write_llama_gguf  # noqa: E402
 
-from nv_engine.checkpoints.gguf import cache_dir_for, convert_gguf, find_gguf_file  # noqa: E402
-from nv_engine.checkpoints.gguf import convert as convert_module  # noqa: E402
-from nv_engine.checkpoints.gguf.llama import llama3_rope_scaling, permute_qk, unpermute_qk  # noqa: E402
+from nv_engine.model_loader.gguf import cache_dir_for, convert_gguf, find_gguf_file  # noqa: E402
+from nv_engine.model_loader.gguf import convert as convert_module  # noqa: E402
+from nv_engine.model_loader.gguf.llama import llama3_rope_scaling, permute_qk, unpermute_qk  # noqa: E402
 
 
 def tiny_llama(tie: bool = False, **overrides):
@@ -207,7 +207,7 @@ def test_find_gguf_file(tmp_path):
 
 
 def test_resolve_model_path_converts_gguf(tmp_path, cache_root):
-    from nv_engine.checkpoints.model_path import resolve_model_path
+    from nv_engine.model_loader.model_path import resolve_model_path
 
     config, model = tiny_llama()
     (tmp_path / "dir").mkdir()

@@ -18,7 +18,7 @@ from hf_compare import random_prompts
 from safetensors.torch import load_file, save_file
 
 from nv_engine import LLM, LLMEngine, SamplingParams
-from nv_engine.engine_args import EngineArgs
+from nv_engine.config.engine_args import EngineArgs
 from nv_kernels.kv_quant import fp8_max
 from nv_layers.attention import Attention
 

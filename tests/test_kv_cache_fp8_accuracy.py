@@ -41,7 +41,7 @@ import pytest
 
 pytest.importorskip("gguf")
 from nv_engine import LLM, SamplingParams  # noqa: E402
-from nv_engine.checkpoints.gguf import default_gguf_path  # noqa: E402
+from nv_engine.model_loader.gguf import default_gguf_path  # noqa: E402
 
 try:
     SMOLLM2_GGUF = default_gguf_path()

@@ -106,6 +106,6 @@ def test_unsupported_config_is_a_value_error() -> None:
 
 
 def test_engine_registry_finds_llama() -> None:
-    from nv_engine.checkpoints.registry import get_model_class
+    from nv_engine.model_loader.registry import get_model_class
 
     assert get_model_class(LlamaConfig(architectures=["LlamaForCausalLM"])) is LlamaForCausalLM

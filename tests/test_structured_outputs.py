@@ -30,7 +30,7 @@ pytest.importorskip("xgrammar")
 from json_schemas import SCHEMAS  # noqa: E402
 
 from nv_engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
-from nv_engine.engine_sequence import EngineSequence  # noqa: E402
+from nv_engine.core.engine_sequence import EngineSequence  # noqa: E402
 from nv_engine.structured_output.compiler import GrammarCompiler  # noqa: E402
 from nv_engine.structured_output.local_matchers import LocalMatchers, fill_threads_for  # noqa: E402
 from nv_engine.structured_output.manager import StructuredOutputManager  # noqa: E402

@@ -29,7 +29,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")      # never NVLink multicast on 
 
 @pytest.fixture(scope="module")
 def qwen3_06b_dirs(tmp_path_factory):
-    from nv_engine.checkpoints.random_model import write_random_checkpoint
+    from nv_engine.model_loader.random_model import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tp")
     return {dtype: write_random_checkpoint(root / dtype, "qwen3-0.6b", dtype=dtype)

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SCRIPT = textwrap.dedent('''
     import json, random, sys, time
     from nv_engine import LLM, SamplingParams
-    from nv_engine.checkpoints.random_model import write_random_checkpoint
+    from nv_engine.model_loader.random_model import write_random_checkpoint
     from nv_kernels.jit_watch import TritonCompileWatch
 
     model = write_random_checkpoint(sys.argv[1], "qwen3-0.6b", dtype="bfloat16")

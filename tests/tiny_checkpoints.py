@@ -18,7 +18,7 @@ _CORPUS = [
 
 
 def _build_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    from nv_engine.checkpoints.random_model import write_tokenizer
+    from nv_engine.model_loader.random_model import write_tokenizer
 
     write_tokenizer(out_dir, vocab_size - 16, corpus=_CORPUS)   # 16 ids to spare
 

@@ -9,7 +9,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nv_engine.checkpoints.random_model import write_random_checkpoint
+    from nv_engine.model_loader.random_model import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("nv_engine_tiny") / "tiny", "tiny",
                                    dtype="float32", with_tokenizer=True, num_hidden_layers=2)

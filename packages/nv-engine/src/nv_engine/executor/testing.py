@@ -15,10 +15,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nv_engine.core.sampling_batch import SamplingBatchBuilder
+from nv_engine.core.step import StepInput
 from nv_engine.executor.base import Executor
-from nv_engine.sampling_batch import SamplingBatchBuilder
 from nv_engine.sampling_params import SamplingParams
-from nv_engine.step import StepInput
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nv_engine.config import EngineConfig
+from nv_engine.config.engine_config import EngineConfig
 from nv_engine.runner.memory import MemoryProfile, cuda_memory_state, graph_reserve
 from nv_engine.runner.mixed_graphs import mixed_graph_sizes
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource

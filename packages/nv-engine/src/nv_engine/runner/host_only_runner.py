@@ -14,11 +14,11 @@ from collections import deque
 import numpy as np
 import torch
 
-from nv_engine.config import EngineConfig
+from nv_engine.config.engine_config import EngineConfig
+from nv_engine.core.step import StepInput, StepResult
 from nv_engine.runner.cuda_graphs import graph_batch_sizes
 from nv_engine.runner.input_stager import InputStager
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
-from nv_engine.step import StepInput, StepResult
 from nv_kernels import get_backend
 
 

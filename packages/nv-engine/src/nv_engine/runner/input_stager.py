@@ -11,8 +11,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from nv_engine.core.step import StepInput
 from nv_engine.runner.staging_buffer import StagingBuffer
-from nv_engine.step import StepInput
 from nv_kernels import AttentionBackend
 from nv_layers.forward_context import ForwardContext
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from nv_engine.config import EngineConfig
+from nv_engine.config.engine_config import EngineConfig
 from nv_kernels.kv_quant import fp8_max
 from nv_layers.attention import Attention
 from nv_layers.forward_context import ForwardContext, forward_context

@@ -26,8 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nv_engine.checkpoints.registry import get_model_class
-from nv_engine.config import EngineConfig
+from nv_engine.config.engine_config import EngineConfig
+from nv_engine.core.step import PromptLogprobsResult, SamplingBatch, StepInput, StepResult
+from nv_engine.model_loader.registry import get_model_class
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KVCacheLayer
 from nv_engine.runner.head_graphs import HeadRun, SampledHeadGraphs, head_graphs_enabled
@@ -38,7 +39,6 @@ from nv_engine.runner.mixed_graphs import MixedStepGraphs, mixed_graph_sizes
 from nv_engine.runner.prompt_logprobs_head import PromptLogprobsHead
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
-from nv_engine.step import PromptLogprobsResult, SamplingBatch, StepInput, StepResult
 from nv_kernels import get_backend
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.kv_quant import is_fp8

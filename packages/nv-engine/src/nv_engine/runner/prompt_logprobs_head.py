@@ -5,8 +5,8 @@ import dataclasses
 
 import torch
 
+from nv_engine.core.step import PromptLogprobsBatch, PromptLogprobsResult
 from nv_engine.runner.dummy_step_profiler import CausalLM
-from nv_engine.step import PromptLogprobsBatch, PromptLogprobsResult
 from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.sampler import compute_logprobs
 

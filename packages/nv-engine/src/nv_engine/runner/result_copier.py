@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from nv_engine.step import PromptLogprobsResult, StepResult
+from nv_engine.core.step import PromptLogprobsResult, StepResult
 from nv_layers.sampler import SamplerOutput
 
 

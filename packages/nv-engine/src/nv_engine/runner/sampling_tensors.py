@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from nv_engine.core.step import SamplingBatch
 from nv_engine.runner.input_stager import DrawInputs
 from nv_engine.runner.pinned_stage import PinnedStage
-from nv_engine.step import SamplingBatch
 from nv_layers.sampler import SamplingTensors
 
 

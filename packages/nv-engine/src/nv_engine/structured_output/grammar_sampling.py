@@ -23,7 +23,7 @@ from nv_engine.structured_output.manager import PendingBitmask, StructuredOutput
 from nv_kvcache import Scheduler
 
 if TYPE_CHECKING:
-    from nv_engine.engine_sequence import EngineSequence
+    from nv_engine.core.engine_sequence import EngineSequence
     from nv_engine.executor import Executor
 
 logger = logging.getLogger(__name__)

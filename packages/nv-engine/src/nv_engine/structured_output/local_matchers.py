@@ -20,7 +20,7 @@ from nv_engine.structured_output.compiler import import_xgrammar
 if TYPE_CHECKING:
     import xgrammar
 
-    from nv_engine.engine_sequence import EngineSequence
+    from nv_engine.core.engine_sequence import EngineSequence
 
 # Threads of one batched bitmask fill: one per ROWS_PER_FILL_THREAD rows, at most half the cores this
 # process may run on and MAX_FILL_THREADS (fill_threads_for; on 2 cores every fill stays on one thread).

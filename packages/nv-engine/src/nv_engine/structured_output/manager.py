@@ -51,7 +51,7 @@ from nv_kvcache import FinishReason
 if TYPE_CHECKING:
     import xgrammar
 
-    from nv_engine.engine_sequence import EngineSequence
+    from nv_engine.core.engine_sequence import EngineSequence
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
-from nv_engine.async_llm import AsyncLLM
+from nv_engine.engine.async_llm import AsyncLLM
 from nv_engine.entrypoints.server.chat import create_chat_completion
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.completions import create_completion

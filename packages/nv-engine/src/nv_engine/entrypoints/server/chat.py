@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.engine.engine_dead_error import EngineDeadError
 from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
 from nv_engine.entrypoints.server.chat_output_plan import ChatOutputPlan
 from nv_engine.entrypoints.server.chat_template_sandbox import ChatTemplateSandbox

@@ -10,10 +10,10 @@ import os
 import threading
 from typing import Any
 
-from nv_engine.engine_args import EngineArgs
+from nv_engine.config.engine_args import EngineArgs
+from nv_engine.config.logging_config import configure_logging
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.limits import ServerLimits
-from nv_engine.logging_config import configure_logging
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
@@ -63,14 +63,14 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def create_engine(model: str, **kwargs: Any) -> Any:
     """An in-process LLMEngine for `model` with EngineArgs keywords (the server steps it in a
     thread: what tests use to reach into the scheduler)."""
-    from nv_engine.llm_engine import LLMEngine
+    from nv_engine.engine.llm_engine import LLMEngine
 
     return LLMEngine(EngineArgs.from_kwargs(model, **kwargs).create_engine_config())
 
 
 def create_async_llm(model: str, **kwargs: Any) -> Any:
     """An AsyncLLM for `model` (the engine core in its own process): what `nv serve` runs."""
-    from nv_engine.async_llm import AsyncLLM
+    from nv_engine.engine.async_llm import AsyncLLM
 
     return AsyncLLM(model, **kwargs)
 

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nv_engine.engine.output_stream import OutputStream
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.metrics import ServerMetrics
-from nv_engine.output_stream import OutputStream
 
 __all__ = ["AsyncEngine", "OutputStream", "RequestStream"]
 

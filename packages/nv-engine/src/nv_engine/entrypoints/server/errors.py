@@ -5,7 +5,7 @@ import json
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
-from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.engine.engine_dead_error import EngineDeadError
 
 if TYPE_CHECKING:   # the web stack loads with the app; APIError itself needs none of it
     from fastapi import FastAPI

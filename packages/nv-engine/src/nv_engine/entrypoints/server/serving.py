@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from nv_engine.async_llm import AsyncLLM
-from nv_engine.engine_dead_error import EngineDeadError
+from nv_engine.engine.async_llm import AsyncLLM
+from nv_engine.engine.engine_dead_error import EngineDeadError
+from nv_engine.engine.output_stream import OutputStream
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError
@@ -25,7 +26,6 @@ from nv_engine.entrypoints.server.protocol import (
     SamplingRequest,
     TopLogprob,
 )
-from nv_engine.output_stream import OutputStream
 from nv_engine.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",

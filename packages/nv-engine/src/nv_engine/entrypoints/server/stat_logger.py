@@ -2,10 +2,10 @@
 per-step statistics."""
 from __future__ import annotations
 
-from nv_engine.engine_core_outputs import EngineCoreOutputs
+from nv_engine.core.engine_core_outputs import EngineCoreOutputs
+from nv_engine.engine.outputs import RequestOutput
 from nv_engine.entrypoints.server.metrics import ServerMetrics
 from nv_engine.metrics import RequestStatsTracker
-from nv_engine.outputs import RequestOutput
 
 
 class ServerStatLogger:

@@ -1,0 +1,212 @@
+"""`nv bench`: the headline workload of BENCHMARK.md (nano-vllm's bench.py), with vLLM's
+throughput line and the ratio to the floor set by the bytes the run must read.
+
+Workload: seed(0); per prompt randint(0, 10000) ids, randint(100, 1024) of them; per prompt
+max_tokens randint(100, 1024); temperature 0.6, ignore_eos; max_model_len 4096. One warm-up
+generate, then the timed generate (prefill included).
+Floor: every decode step reads all weights once, and every generated token reads the KV of its
+whole context; over the copy bandwidth measured in this process (read + write bytes / time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from random import randint, seed
+
+import torch
+
+from nv_engine.config.engine_args import EngineArgs
+from nv_kernels.jit_watch import TritonCompileWatch
+
+
+@dataclass
+class Workload:
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+
+def make_workload(num_prompts: int = 256, input_len: tuple[int, int] = (100, 1024),
+                  output_len: tuple[int, int] = (100, 1024), max_token_id: int = 10000,
+                  random_seed: int = 0) -> Workload:
+    """nano-vllm's bench.py generator, in its exact call order (the defaults reproduce it)."""
+    seed(random_seed)
+    prompts = [[randint(0, max_token_id) for _ in range(randint(*input_len))] for _ in range(num_prompts)]
+    max_tokens = [randint(*output_len) for _ in range(num_prompts)]
+    return Workload(prompts, max_tokens)
+
+
+def copy_bandwidth(device: torch.device, num_bytes: int = 1 << 30, iters: int = 20) -> float:
+    """Bytes/s of a device copy, read + write counted (PERF-NOTES' convention)."""
+    if device.type == "cuda":
+        n = num_bytes // 2
+        src = torch.empty(n, dtype=torch.bfloat16, device=device).fill_(1)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1000 / iters
+        del src, dst
+        torch.cuda.empty_cache()
+        return 2 * num_bytes / seconds
+    n = min(num_bytes, 256 << 20) // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    return 2 * 4 * n * 5 / (time.perf_counter() - t)
+
+
+def checkpoint_parameters(model_dir: str) -> int:
+    """Number of parameters in the checkpoint's *.safetensors (tied embeddings counted once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                total += math.prod(f.get_slice(name).get_shape())
+    return total
+
+
+def floor_bytes(work: Workload, weight_bytes: int, kv_bytes_per_token: int, max_num_seqs: int) -> dict:
+    """Bytes the run must read: weights once per decode step, KV of the whole context per token."""
+    decode_steps = max(max(work.max_tokens), math.ceil(work.output_tokens / max_num_seqs))
+    context_reads = sum(out * len(p) + out * (out + 1) // 2
+                        for p, out in zip(work.prompts, work.max_tokens, strict=True))
+    return dict(decode_steps=decode_steps, weight_bytes=weight_bytes * decode_steps,
+                kv_bytes=kv_bytes_per_token * context_reads,
+                total_bytes=weight_bytes * decode_steps + kv_bytes_per_token * context_reads)
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The workload flags plus every engine argument (EngineArgs); max_model_len defaults to the
+    workload's 4096."""
+    p.add_argument("--model", help="HF checkpoint directory, .gguf file or hub id")
+    p.add_argument("--random-weights", action="store_true", help="write a random checkpoint of --shape")
+    p.add_argument("--shape", default="qwen3-0.6b", help="random checkpoint shape: qwen3-0.6b or tiny")
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--min-input-len", type=int, default=100)
+    p.add_argument("--max-input-len", type=int, default=1024)
+    p.add_argument("--min-output-len", type=int, default=100)
+    p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--json", dest="json_path", help="also write the results as JSON here")
+    EngineArgs.add_cli_arguments(p)
+    p.set_defaults(max_model_len=4096)
+
+
+def warm_up(llm, args: argparse.Namespace, max_token_id: int) -> None:
+    """Run the workload's shapes once before the clock starts. The engine's start-up warm-up
+    (warmup_steps.py) is meant to compile every variant already; this one stays as a second net
+    and its compiles are reported (`warmup_triton_compiles`: empty when the engine's covered all). Triton
+    specialises integer arguments (== 1, divisible by 16), so a first run on a fresh machine paid
+    several JIT compiles inside the timed region (2026-11-29: 13.5k vs 24.8k tok/s with a warm
+    cache). Decode batches shrink through every size class here (17 prompts, max_tokens 1..17),
+    and a second generate overflows the step budget (full chunks, a partial chunk, mixed steps).
+    Other prompts than the workload's, so the timed run gets no prefix-cache hits from them."""
+    from nv_engine.sampling_params import SamplingParams
+
+    shrink = make_workload(17, (args.min_input_len, args.max_input_len), (1, 1), max_token_id=max_token_id,
+                           random_seed=12345)
+    llm.generate([{"prompt_token_ids": p} for p in shrink.prompts],
+                 [SamplingParams(temperature=args.temperature, max_tokens=i + 1, ignore_eos=True) for i in range(17)],
+                 use_tqdm=False)
+    budget = llm.config.max_num_batched_tokens
+    overflow = make_workload(max(8, 2 * budget // max(1, args.max_input_len)),
+                             (args.max_input_len // 2, args.max_input_len),
+                             (1, 1), max_token_id=max_token_id, random_seed=54321)
+    llm.generate([{"prompt_token_ids": p} for p in overflow.prompts],
+                 SamplingParams(temperature=args.temperature, max_tokens=3, ignore_eos=True), use_tqdm=False)
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    from nv_engine.entrypoints.llm import LLM
+    from nv_engine.sampling_params import SamplingParams
+
+    model = args.model
+    if args.random_weights or model is None:
+        from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
+
+        model = str(nv_cache_dir() / f"bench-random-{args.shape}-bf16")
+        if not (Path(model) / "model.safetensors").exists():
+            print(f"writing a random-weight {args.shape} checkpoint (bf16) to {model}", flush=True)
+            write_random_checkpoint(model, args.shape, dtype="bfloat16")
+        else:
+            print(f"using the random-weight {args.shape} checkpoint in {model}", flush=True)
+    from nv_engine.config.engine_config import resolve_device
+
+    device = torch.device(resolve_device(args.device))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    bandwidth = copy_bandwidth(device)      # before the KV cache takes the memory
+    llm = LLM(model, **{name: getattr(args, name) for name in EngineArgs.field_names() if name != "model"})
+    config = llm.config
+    hf = config.hf_config
+    work = make_workload(args.num_prompts, (args.min_input_len, args.max_input_len),
+                         (args.min_output_len, args.max_output_len),
+                         max_token_id=min(10000, hf.vocab_size - 1))
+    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=m) for m in work.max_tokens]
+    with TritonCompileWatch() as warmup_jit:   # empty when the engine's start-up warm-up covered it all
+        if not args.no_warmup:
+            warm_up(llm, args, max_token_id=min(10000, hf.vocab_size - 1))
+    with TritonCompileWatch() as jit:   # any variant compiled here is JIT time inside the figure
+        start = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
+        wall = time.perf_counter() - start
+    output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    itemsize = torch.empty(0, dtype=config.dtype).element_size()
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * itemsize
+    floor = floor_bytes(work, checkpoint_parameters(config.model) * itemsize, kv_per_token, config.max_num_seqs)
+    floor_seconds = floor["total_bytes"] / bandwidth
+    result = dict(
+        requests_per_s=len(outputs) / wall, total_tokens_per_s=(work.prompt_tokens + output_tokens) / wall,
+        output_tokens_per_s=output_tokens / wall, wall_s=wall, num_prompts=len(outputs),
+        prompt_tokens=work.prompt_tokens, output_tokens=output_tokens, copy_bandwidth_bytes_per_s=bandwidth,
+        floor_s=floor_seconds, floor_output_tokens_per_s=output_tokens / floor_seconds,
+        floor_ratio=floor_seconds / wall, **floor, device=torch.cuda.get_device_name(device)
+        if device.type == "cuda" else "cpu", dtype=str(config.dtype), torch=torch.__version__,
+        kv_cache_tokens=llm.llm_engine.num_blocks * config.block_size, timed_triton_compiles=jit.variants,
+        warmup_triton_compiles=warmup_jit.variants)
+    print(f"Throughput: {result['requests_per_s']:.2f} requests/s, {result['total_tokens_per_s']:.2f} "
+          f"total tokens/s, {result['output_tokens_per_s']:.2f} output tokens/s")
+    print(f"Wall time: {wall:.2f} s for {len(outputs)} requests, {work.prompt_tokens} prompt tokens, "
+          f"{output_tokens} output tokens")
+    print(f"Floor: {floor['total_bytes'] / 1e12:.3f} TB to read (weights {floor['weight_bytes'] / 1e12:.3f} TB "
+          f"over {floor['decode_steps']} decode steps + KV {floor['kv_bytes'] / 1e12:.3f} TB) at "
+          f"{bandwidth / 1e12:.3f} TB/s copy bandwidth = {floor_seconds:.2f} s "
+          f"({result['floor_output_tokens_per_s']:.0f} output tok/s); this run reaches "
+          f"{result['floor_ratio']:.1%} of the floor")
+    print(f"KV cache: {result['kv_cache_tokens']} tokens; device {result['device']}, {result['dtype']}")
+    print(f"Triton compiles in the benchmark's warm-up (after the engine's own): {len(warmup_jit.variants)}"
+          + "".join(f"\n  {v}" for v in warmup_jit.variants))
+    print(f"Triton compiles inside the timed run: {len(jit.variants)}"
+          + "".join(f"\n  {v}" for v in jit.variants))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=2))
+    llm.shutdown()
+    return result
+
+
+__all__ = ["Workload", "add_bench_arguments", "copy_bandwidth", "floor_bytes", "make_workload",
+           "run_bench"]
