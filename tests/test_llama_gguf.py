@@ -130,9 +130,9 @@ def test_llm_greedy_equals_hf_on_cpu(smollm2_dir: Path, gguf_cache: Path, hf_smo
 def test_nv_generate_default_model_answers_paris(smollm2_dir: Path, gguf_cache: Path) -> None:
     """`nv generate QUESTION` with no --model: SmolLM2 in chat mode (reusing this test run's conversion)."""
     # 0.5 GiB of CPU KV cache holds one sequence of SmolLM2's 8,192-token context (fp32: 377 MB)
-    env = {**os.environ, "XDG_CACHE_HOME": str(gguf_cache), "OMP_NUM_THREADS": "1",
-           "NV_CPU_KVCACHE_SPACE": "0.5"}
-    command = [sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "What is the capital of France?"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(gguf_cache), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "nv_engine.entrypoints.cli", "generate", "--cpu-kv-cache-space-gib", "0.5",
+               "What is the capital of France?"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SmolLM2-135M-Instruct" in result.stderr and str(smollm2_dir) in result.stderr  # cached, reused

@@ -1,4 +1,4 @@
-"""scripts/serve_floor.py: the bandwidth floor of a closed-loop serving run, counted step by step."""
+"""benchmarks/serve_floor.py: the bandwidth floor of a closed-loop serving run, counted step by step."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "serve_floor.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_floor.py"
 
 
 @pytest.fixture(scope="module")

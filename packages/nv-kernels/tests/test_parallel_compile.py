@@ -33,6 +33,23 @@ def test_off_cuda_nothing_is_switched():
     assert compile_pass.requested == 0
 
 
+def test_switch_read_as_the_block_opens(monkeypatch):
+    """NV_PARALLEL_COMPILE is read when a block opens, not at import: a bad value set now raises there, naming it."""
+    monkeypatch.setenv("NV_PARALLEL_COMPILE", "sometimes")
+    with pytest.raises(ValueError, match="NV_PARALLEL_COMPILE"), ParallelTritonCompile(torch.device("cpu")):
+        pass
+    monkeypatch.setenv("NV_PARALLEL_COMPILE", "0")
+    with ParallelTritonCompile(torch.device("cpu")) as compile_pass:
+        assert not compile_pass.active
+
+
+def test_ahead_logs_a_bad_switch_and_runs_nothing(monkeypatch, caplog):
+    monkeypatch.setenv("NV_PARALLEL_COMPILE", "sometimes")
+    ran: list[int] = []
+    assert ParallelTritonCompile.ahead(torch.device("cpu"), [lambda: ran.append(0)]) is None
+    assert ran == [] and "ValueError: NV_PARALLEL_COMPILE='sometimes'" in caplog.text
+
+
 def _launch_all(x: torch.Tensor, outs: list[torch.Tensor], salt: int) -> None:
     for k, out in enumerate(outs):
         _add_constant[(1,)](x, out, x.numel(), BLOCK=1024, ADD=k + 1, SALT=salt)

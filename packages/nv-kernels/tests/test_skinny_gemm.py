@@ -23,6 +23,7 @@ from nv_kernels.skinny_gemm import (
     MAX_M,
     set_skinny_gemm,
     skinny_gemm_applies,
+    skinny_gemm_enabled,
     skinny_gemm_torch,
     skinny_norm_gemm_applies,
     skinny_norm_gemm_torch,
@@ -185,14 +186,17 @@ def test_norm_fused_bf16_within_the_unfused_tolerance(interp: ModuleType, poison
 
 
 class LaunchRecorder:
-    """Stands in for the kernel object: records each launch's ONE_TILE, then launches the real kernel."""
+    """Stands in for the kernel object: records each launch's ONE_TILE, then launches the real kernel (with
+    `force_loop`: the K loop, ONE_TILE False, whatever the launcher chose)."""
 
     def __init__(self, kernel: Any) -> None:
-        self.kernel, self.one_tile = kernel, []
+        self.kernel, self.one_tile, self.force_loop = kernel, [], False
 
     def __getitem__(self, grid: Any) -> Any:
         def launch(*args: Any, **kwargs: Any) -> Any:
             self.one_tile.append(kwargs["ONE_TILE"])
+            if self.force_loop:
+                kwargs["ONE_TILE"] = False
             return self.kernel[grid](*args, **kwargs)
         return launch
 
@@ -221,12 +225,12 @@ def test_one_tile_per_program_equals_the_k_loop(interp: ModuleType, poisoned: Sp
     monkeypatch.setattr(interp, "skinny_gemm_kernel", recorder)
     results = {}
     for one_tile in (True, False):
-        monkeypatch.setattr(interp, "ONE_TILE", one_tile)
+        recorder.force_loop = not one_tile
         if norm is None:
             results[one_tile] = (interp.skinny_gemm(x, w, b, gated=gated, config=config), x)
         else:
             results[one_tile] = interp.skinny_norm_gemm(x, r, g, 1e-6, w, b, gated=gated, config=config)
-    assert recorder.one_tile == [True, False]
+    assert recorder.one_tile == [True, True]     # the launcher's choice; the second launch ran the loop
     (out, h), (loop_out, loop_h) = results[True], results[False]
     assert torch.equal(h, loop_h)
     assert relative_error(out, loop_out) < 2e-3
@@ -346,6 +350,29 @@ def test_dispatch_condition() -> None:
             assert not skinny_gemm_applies(x, w, b)                              # the A/B switch
         finally:
             set_skinny_gemm(previous)
+
+
+@pytest.mark.parametrize("value,expected", [("0", False), ("off", False), ("1", True), ("", True)])
+def test_dispatch_switch_read_at_the_first_dispatch(monkeypatch: pytest.MonkeyPatch, value: str,
+                                                    expected: bool) -> None:
+    """NV_SKINNY_GEMM is read when the dispatch first asks (not at import) and kept; set_skinny_gemm(None)
+    forgets it, and a bad value raises, naming the variable."""
+    x, w, _ = operands(2, 32, 16, torch.bfloat16, False)
+    previous = set_skinny_gemm(None)
+    try:
+        with fused_ops("on"):
+            monkeypatch.setenv("TRITON_INTERPRET", "1")
+            monkeypatch.setenv("NV_SKINNY_GEMM", value)
+            assert skinny_gemm_applies(x, w) is expected and skinny_gemm_enabled() is expected
+            monkeypatch.setenv("NV_SKINNY_GEMM", "maybe")                        # kept: not read again
+            assert skinny_gemm_applies(x, w) is expected
+            assert set_skinny_gemm(None) is expected
+            with pytest.raises(ValueError, match="NV_SKINNY_GEMM"):
+                skinny_gemm_applies(x, w)
+            assert set_skinny_gemm(not expected) is None                         # a setting reads nothing
+            assert skinny_gemm_applies(x, w) is not expected
+    finally:
+        set_skinny_gemm(previous)
 
 
 # Qwen3-0.6B and Qwen3-8B projections: (weight rows N_w, K, gated).

@@ -18,7 +18,7 @@ from transformers import Qwen2Config, Qwen3Config
 from nv_kernels import fused_norm, fused_ops
 from nv_kernels.torch_backend import TorchBackend
 from nv_kernels.triton_backend import TritonBackend
-from nv_layers import ForwardContext, RMSNorm, SiluAndMul, decoder, forward_context, get_rope
+from nv_layers import ForwardContext, RMSNorm, SiluAndMul, forward_context, get_rope
 from nv_qwen3 import Qwen2ForCausalLM, Qwen3ForCausalLM
 
 pytestmark = pytest.mark.skipif(
@@ -70,12 +70,12 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
 
 
-def attach_caches(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+def attach_caches(model: torch.nn.Module) -> list[torch.Tensor]:
     caches = []
     for layer in model.model.layers:
         attn = layer.self_attn.attn
         # [2, NB, BS, Hkv, D]
-        kv = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim, dtype=dtype)
+        kv = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim)
         attn.k_cache, attn.v_cache = kv[0], kv[1]
         caches.append(kv)
     return caches
@@ -96,7 +96,6 @@ class CountingTritonBackend(TritonBackend):
     def __init__(self, rope_pays: bool | None = None) -> None:
         self.stores = 0
         self.rope_decodes = 0
-        self.decodes = 0
         self.rope_pays = rope_pays    # None: the backend's own answer
 
     def decode_rope_pays(self, *args: Any) -> bool:
@@ -110,20 +109,15 @@ class CountingTritonBackend(TritonBackend):
         self.rope_decodes += 1
         return super().decode_with_rope(*args, **kwargs)
 
-    def decode(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self.decodes += 1
-        return super().decode(*args, **kwargs)
 
-
-def run_model(model_cls: type, config: Any, seed: int, backend: Any = None, dtype: torch.dtype = torch.float32
+def run_model(model_cls: type, config: Any, seed: int, backend: Any = None
               ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """Prefill three sequences (5, 3 and 1 tokens; the last one's slot is -1, so its K/V are never
     stored and it attends to an empty page), then decode one token for the first two and a padded row
     (slot -1, length 0, as a CUDA graph's padding)."""
     model = model_cls(config)
     randomise_(model, seed)
-    model.to(dtype)
-    caches = attach_caches(model, dtype)
+    caches = attach_caches(model)
     backend = backend if backend is not None else CountingBackend()
     block_tables = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]], dtype=torch.int32)
     gen = torch.Generator().manual_seed(seed)
@@ -189,23 +183,3 @@ def test_decode_finishing_rope_equals_torch_path(model_cls: type, config: Any, r
     for a, b in zip(fused_caches, plain_caches, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
-
-def test_decode_step_runs_each_layer_as_one_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With NV_DECODE_LAYER=1 a 16-bit decode step on the Triton backend runs each decoder layer as one persistent
-    kernel (nv_kernels.decode_layer: no backend decode, no separate store): the same logits and cache as the
-    separate kernels (the default), within float16 roundings."""
-    config = Qwen3Config(**SHAPE)
-    one_kernel = CountingTritonBackend()
-    separate = CountingTritonBackend(rope_pays=True)
-    with fused_ops("on"):
-        monkeypatch.setattr(decoder, "DECODE_LAYER", True)
-        one_out, one_caches, _ = run_model(Qwen3ForCausalLM, config, seed=3, backend=one_kernel, dtype=torch.float16)
-        monkeypatch.setattr(decoder, "DECODE_LAYER", False)
-        sep_out, sep_caches, _ = run_model(Qwen3ForCausalLM, config, seed=3, backend=separate, dtype=torch.float16)
-    assert one_kernel.decodes == one_kernel.rope_decodes == one_kernel.stores == 0
-    assert separate.rope_decodes == config.num_hidden_layers
-    for a, b in zip(one_out, sep_out, strict=True):
-        assert bool(torch.isfinite(a).all())
-        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
-    for a, b in zip(one_caches, sep_caches, strict=True):
-        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)

@@ -200,3 +200,42 @@ def test_generation_config_vllm_or_a_folder(model_with_generation_config, tiny_m
     assert other.default_sampling_params() == {"temperature": 0.3, "min_p": 0.1}
     plain = EngineArgs(str(tiny_model_dir)).create_engine_config()
     assert plain.default_sampling_params() == {}          # do_sample / eos only: nothing to apply
+
+
+def test_cuda_graph_mode_resolution(tiny_model_dir):
+    """Default full_and_piecewise; enforce_eager means none; vLLM's capital spelling is accepted; contradictions
+    and unknown modes are refused before the model is read."""
+    def mode(**kwargs) -> str:
+        return EngineArgs(str(tiny_model_dir), device="cpu", **kwargs).create_engine_config().cuda_graph_mode
+
+    assert mode() == "full_and_piecewise"
+    assert mode(enforce_eager=True) == "none"
+    assert mode(cuda_graph_mode="FULL_DECODE_ONLY") == "full_decode_only"
+    config = EngineArgs(str(tiny_model_dir), device="cpu", cuda_graph_mode="none").create_engine_config()
+    assert config.enforce_eager and not config.piecewise_graphs
+    with pytest.raises(ValueError, match="contradict"):
+        EngineArgs("unused", enforce_eager=True, cuda_graph_mode="full_decode_only")
+    with pytest.raises(ValueError, match="cuda_graph_mode"):
+        EngineArgs("unused", cuda_graph_mode="piecewise_sometimes")
+
+
+def test_former_environment_switches_are_engine_arguments(tiny_model_dir):
+    """CUDA-graph mode, fused ops, the grammar matcher process, the CPU KV budget and the collective timeout
+    are engine arguments: flags of every command, keywords of LLM, fields of EngineConfig."""
+    parser = EngineArgs.add_cli_arguments(argparse.ArgumentParser())
+    parser.add_argument("model")
+    args = parser.parse_args([str(tiny_model_dir), "--cuda-graph-mode", "full_decode_only", "--fused-ops", "off",
+                              "--grammar-matcher-process", "--cpu-kv-cache-space-gib", "0.25",
+                              "--distributed-timeout-s", "30", "--device", "cpu"])
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert (config.cuda_graph_mode, config.fused_ops, config.grammar_matcher_process,
+            config.cpu_kv_cache_space_gib, config.distributed_timeout_s) == ("full_decode_only", "off", True, 0.25,
+                                                                             30.0)
+    default = EngineArgs(str(tiny_model_dir), device="cpu").create_engine_config()
+    assert (default.fused_ops, default.grammar_matcher_process, default.cpu_kv_cache_space_gib,
+            default.distributed_timeout_s) == ("auto", None, 4.0, 600.0)
+    for name, bad in [("fused_ops", "sometimes"), ("cpu_kv_cache_space_gib", -1.0), ("distributed_timeout_s", 0)]:
+        with pytest.raises(ValueError, match=name):
+            dataclasses.replace(default, **{name: bad}).validate()
+    with pytest.raises(SystemExit):
+        parser.parse_args([str(tiny_model_dir), "--fused-ops", "sometimes"])

@@ -1,4 +1,5 @@
-"""The nv CLI end to end (`nv generate`, a tiny `nv bench`) and the benchmark's workload and floor."""
+"""The nv CLI end to end (`nv generate`, a tiny `nv bench`), the benchmark's workload, floor and flag checks, and
+`nv serve`'s optional MODEL."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,8 @@ import sys
 import pytest
 
 from nv_engine.entrypoints import cli
-from nv_engine.entrypoints.bench.throughput import floor_bytes, make_workload
+from nv_engine.entrypoints.bench.throughput import SMALL_WARMUP_OUTPUT_TOKENS, floor_bytes, make_workload
+from nv_engine.entrypoints.llm import LLM
 
 
 def test_workload_is_benchmark_md_exactly():
@@ -53,15 +55,35 @@ def test_nv_generate_reports_bad_input(tiny_model_dir, capsys):
 
 
 def test_tiny_nv_bench_end_to_end(tmp_path, monkeypatch, capsys):
+    """On a CPU: a warm-up of two short requests (not the GPU's sweep of batch shapes, minutes on a CPU), said
+    on stdout; the timed run's progress on stderr; the result lines and the JSON file as before."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []     # (prompts, max_tokens of each, progress shown) of every LLM.generate
+    generate = LLM.generate
+
+    def recording_generate(self, prompts, sampling_params=None, *, use_tqdm=True):
+        limits = [p.max_tokens for p in sampling_params] if isinstance(sampling_params, list) else \
+            [sampling_params.max_tokens] * len(prompts)
+        calls.append((len(prompts), limits, use_tqdm))
+        return generate(self, prompts, sampling_params, use_tqdm=use_tqdm)
+
+    monkeypatch.setattr(LLM, "generate", recording_generate)
     out_json = tmp_path / "bench.json"
     assert cli.main(["bench", "--random-weights", "--shape", "tiny", "--num-prompts", "6", "--min-input-len", "8",
                      "--max-input-len", "40", "--min-output-len", "4", "--max-output-len", "24",
-                     "--max-model-len", "128", "--json", str(out_json)]) == 0
-    printed = capsys.readouterr().out
+                     "--max-model-len", "128", "--device", "cpu", "--json", str(out_json)]) == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    *warmup, timed = calls
+    assert [(n, set(limits), progress) for n, limits, progress in warmup] == [(2, {SMALL_WARMUP_OUTPUT_TOKENS}, False)]
+    assert timed[0] == 6 and timed[2] is True
+    assert "Warm-up on cpu: 2 short requests" in printed
+    assert "Processed prompts" in captured.err and "6/6" in captured.err       # progress, on stderr only
+    assert "Processed prompts" not in printed
     assert "Throughput: " in printed and " requests/s, " in printed and " output tokens/s" in printed
     assert "of the floor" in printed and "Wall time: " in printed
     result = json.loads(out_json.read_text())
+    assert result["warmup"] == "small"
     expected = make_workload(6, (8, 40), (4, 24), max_token_id=511)
     assert result["output_tokens"] == expected.output_tokens and result["prompt_tokens"] == expected.prompt_tokens
     assert result["floor_ratio"] > 0
@@ -73,3 +95,44 @@ def test_help_lists_the_subcommands(capsys):
         cli.main(["--help"])
     text = capsys.readouterr().out
     assert "generate" in text and "bench" in text
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--max-input-len", "5"], "--max-input-len (5) must be at least --min-input-len (100)"),
+    (["--min-output-len", "50", "--max-output-len", "20"], "--max-output-len (20) must be at least --min-output-len"),
+    (["--min-input-len", "0"], "--min-input-len must be at least 1"),
+    (["--num-prompts", "0"], "--num-prompts must be at least 1"),
+    (["--max-output-len", "4000"], "do not fit --max-model-len 4096"),
+    (["--shape", "qwen3-7b"], "--shape 'qwen3-7b' is not a known shape"),
+])
+def test_nv_bench_rejects_bad_workload_flags_before_any_work(flags, named, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(LLM, "__init__", lambda *a, **k: pytest.fail("the engine started"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--random-weights", "--shape", "tiny", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "nv bench throughput: error: " in err and named in err
+    assert list(tmp_path.iterdir()) == []          # no random checkpoint written
+
+
+def test_nv_serve_model_is_optional_and_its_help_says_what_it_may_be(capsys):
+    pytest.importorskip("fastapi")
+    assert cli.parse_args(["serve"]).model is None
+    assert cli.parse_args(["serve", "some/dir", "--port", "8001"]).model == "some/dir"
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("HF checkpoint directory", "hub id", ".gguf file", "default: SmolLM2-135M-Instruct"):
+        assert words in text
+
+
+def test_nv_serve_without_the_default_model_says_so_before_the_engine_starts(tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from nv_engine.entrypoints.server import cli as server_cli
+    from nv_engine.model_loader.gguf.default_model import DEFAULT_GGUF_ENV
+
+    monkeypatch.setenv(DEFAULT_GGUF_ENV, str(tmp_path / "missing.gguf"))
+    monkeypatch.setattr(server_cli, "create_async_llm", lambda *a, **k: pytest.fail("the engine started"))
+    with pytest.raises(SystemExit, match=r"nv serve: .*missing\.gguf' is not a file"):
+        server_cli.run_server(cli.parse_args(["serve"]))

@@ -3,6 +3,7 @@ CUDA-graph input layout (emulated graphs) against eager steps."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +15,7 @@ from nv_engine.core.sampling_batch import SamplingBatchBuilder
 from nv_engine.core.step_builder import StepBuilder
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.head_graphs import SampledHeadGraphs
-from nv_engine.runner.memory import CPU_KV_CACHE_ENV, MemoryProfile, graph_reserve
+from nv_engine.runner.memory import MemoryProfile, graph_reserve
 from nv_engine.runner.mixed_graphs import MixedStepGraphs
 from nv_engine.runner.model_runner import ModelRunner
 from nv_engine.sampling_params import SamplingParams
@@ -60,16 +61,19 @@ def runner(tiny_model_dir):
     r.shutdown()
 
 
-def test_kv_cache_size_and_layout(runner, monkeypatch):
+def test_kv_cache_size_and_layout(runner):
     hf = runner.config.hf_config
     per_block = 2 * runner.config.block_size * hf.num_key_value_heads * hf.head_dim * 4 * hf.num_hidden_layers
     assert runner.kv_block_bytes() == per_block
     assert runner.determine_num_blocks() == 8 * 256 // 16          # every sequence at full length
-    monkeypatch.setenv(CPU_KV_CACHE_ENV, str(10 * per_block / 2**30))
-    assert runner.determine_num_blocks() == 10
-    monkeypatch.setenv(CPU_KV_CACHE_ENV, "lots")
-    with pytest.raises(ValueError, match=CPU_KV_CACHE_ENV):
-        runner.determine_num_blocks()
+    default_config = runner.config
+    runner.config = dataclasses.replace(default_config, cpu_kv_cache_space_gib=10 * per_block / 2**30)
+    try:
+        assert runner.determine_num_blocks() == 10                  # the CPU budget caps the cache
+    finally:
+        runner.config = default_config
+    with pytest.raises(ValueError, match="cpu_kv_cache_space_gib"):
+        dataclasses.replace(default_config, cpu_kv_cache_space_gib=0).validate()
     runner.allocate_kv_cache(12)
     layer = runner.attention_layers[0]
     assert layer.k_cache.shape == (12, 16, hf.num_key_value_heads, hf.head_dim)
@@ -201,3 +205,27 @@ def test_emulated_head_graphs_draw_as_the_eager_sampler(tiny_model_dir):
                 assert not replayed
     assert [len(i) for i in results[True]] == max_tokens
     assert results[True] == results[False]
+
+
+@pytest.mark.parametrize(("mode", "mixed", "head"), [("full_and_piecewise", True, True),
+                                                      ("full_decode_only", False, True)])
+def test_cuda_graph_mode_picks_the_graphs_captured(tiny_model_dir, mode, mixed, head):
+    """full_and_piecewise captures the decode graphs, the head graphs and the mixed steps' pieces;
+    full_decode_only the decode and head graphs only (mixed steps then run eagerly)."""
+    config = dataclasses.replace(_tiny_config(tiny_model_dir), cuda_graph_mode=mode)
+    with _emulated_graph_runner(config) as graph_runner:
+        assert graph_runner.graphs is not None and graph_runner.graphs.sizes == [1, 2, 4, 8]
+        assert (graph_runner.mixed_graphs is not None) is mixed
+        assert (graph_runner.head_graphs is not None) is head
+
+
+@pytest.mark.parametrize("mode", ["off", "on", "auto"])
+def test_runner_applies_the_fused_ops_argument(tiny_model_dir, mode):
+    import nv_kernels
+
+    previous = nv_kernels.get_fused_ops()
+    try:
+        ModelRunner(dataclasses.replace(_tiny_config(tiny_model_dir), fused_ops=mode), 0).shutdown()
+        assert nv_kernels.get_fused_ops() == mode
+    finally:
+        nv_kernels.set_fused_ops(previous)

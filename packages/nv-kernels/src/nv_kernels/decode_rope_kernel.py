@@ -1,11 +1,9 @@
 """The fused decode's start in Triton (`nv_kernels.decode_rope` describes the path): a split program's query
 rows normed and rotated, and the new token's k / v stored into the paged cache by the program whose split holds
-it, before any program of that split reads the cache. Used by the split decode (`nv_kernels.triton_decode`) and
-the persistent layer (`nv_kernels.decode_layer_kernel`).
+it, before any program of that split reads the cache. Used by the split decode (`nv_kernels.triton_decode`).
 
 In two parts, so that a split program under dependent launch can read what the step staged before its first
-kernel (the position's cos / sin, the slot) ahead of its wait: `rope_tables`, then `finish_query_store_new`;
-`rope_query_store_new` runs both.
+kernel (the position's cos / sin, the slot) ahead of its wait: `rope_tables`, then `finish_query_store_new`.
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -109,22 +107,3 @@ def finish_query_store_new(Q_ROW, q_offs, row_mask, rows, d, d_mask, cos, sin, s
                                         HAS_NORM, FP8_MAX)
     tl.debug_barrier()   # the CTA's stores above precede its loads of the cache after this
     return q, k_new, v_new, stored
-
-
-@triton.jit
-def rope_query_store_new(Q_ROW, q_offs, row_mask, rows, d, d_mask, POS, SLOTS, COS_SIN, stride_cos, QW, KW, eps,
-                         K, V, K_NEW, V_NEW, K_SCALE, V_SCALE, b, kv_head, seq_len, start, end,
-                         stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs, stride_ch,
-                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh, stride_ksd, stride_vsh, stride_vsd,
-                         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                         HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr):
-    """rope_tables and finish_query_store_new in one: the normed, rotated query rows [GP, D] (and the new token
-    stored by the program whose split holds it)."""
-    cos, sin = rope_tables(POS, COS_SIN, stride_cos, b, d, d_mask, HALF)
-    q, _, _, _ = finish_query_store_new(Q_ROW, q_offs, row_mask, rows, d, d_mask, cos, sin, tl.load(SLOTS + b), QW,
-                                        KW, eps, K, V, K_NEW, V_NEW, K_SCALE, V_SCALE, b, kv_head, seq_len, start,
-                                        end, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb, stride_cs,
-                                        stride_ch, stride_vb, stride_vs, stride_vh, stride_vd, stride_ksh,
-                                        stride_ksd, stride_vsh, stride_vsd, BLOCK_SIZE, HEAD_DIM, HALF, HAS_NORM,
-                                        FP8_MAX)
-    return q

@@ -1,6 +1,6 @@
 """Launch choices of the Triton paged decode (triton_decode.decode_attention): splits per sequence and tokens
 per KV tile, from static facts only (batch, heads, max_seqlen_k, block size), so CUDA graphs stay valid. The
-numbers are H200 measurements (scripts/bench_decode_attention.py).
+numbers are H200 measurements (benchmarks/bench_decode_attention.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def num_sms(device: torch.device) -> int:
     return 4 if count is None else count
 
 
-# Tunables (set by scripts/bench_decode_attention.py measurements on the H200, 2026-11-29: batch 256 x
+# Tunables (set by benchmarks/bench_decode_attention.py measurements on the H200, 2026-11-29: batch 256 x
 # context 1024 reads KV at 97-100% of the copy bandwidth for block sizes 16..256). One split from 2 programs
 # per SM: re-measured 2026-12-01 in CUDA graphs with the merge, Qwen3-0.6B heads, block 64, contexts 0.6-1.4x
 # of 400 and 1,024: batch 48 and 64 fastest at one split (two: +3-6 us per layer, the merge kernel and the

@@ -17,39 +17,42 @@ tests that compare graph replays with PDL on and off):
   steps; the decode kernel stores a step's new token itself, after its wait).
 Measured on the H200 (Qwen3-0.6B shape, CUDA graphs): batch 1 1.105 -> 1.038 ms per token, but batch 16
 1.70 -> 1.81 ms per step (early-launched grids hold SM slots while they wait). So it applies to launches of
-at most MAX_TOKENS rows (tokens) only. `NV_PDL=0` turns it off, `NV_PDL_MAX_TOKENS` moves the limit; it is
-also off off CUDA, before compute capability 9.0, and without triton's support (triton >= 3.3).
+at most MAX_TOKENS (1) rows (tokens) only. `NV_PDL=0` (nv_kernels.envs, read at the first launch) or
+`set_dependent_launch(False)` turns it off; it is also off off CUDA, before compute capability 9.0, and without
+triton's support (triton >= 3.3).
 """
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 
+from nv_kernels import envs
 
-def _switch_from_env() -> bool:
-    value = os.environ.get("NV_PDL", "1").strip().lower()
-    if value not in ("0", "1", "off", "on", "false", "true", ""):
-        raise ValueError(f"NV_PDL={value!r}: use 1 (default) or 0")
-    return value not in ("0", "off", "false")
+MAX_TOKENS = 1                 # the most rows of a launch with PDL (16 rows measured slower with it: see above)
+_enabled: bool | None = None   # None: neither set nor read yet (the next launch reads NV_PDL)
 
 
-_enabled = _switch_from_env()
-MAX_TOKENS = int(os.environ.get("NV_PDL_MAX_TOKENS", "1"))
-
-
-def set_dependent_launch(enabled: bool) -> bool:
-    """Turn PDL on or off for later launches (and graph captures); returns the previous setting."""
+def set_dependent_launch(enabled: bool | None) -> bool | None:
+    """Turn PDL on or off for later launches (and graph captures); None forgets the setting, so the next launch
+    reads NV_PDL again. Returns the previous setting, None when it was neither set nor read yet."""
     global _enabled
-    previous, _enabled = _enabled, enabled
+    previous, _enabled = _enabled, None if enabled is None else bool(enabled)
     return previous
+
+
+def _switched_on() -> bool:
+    """The setting: the one `set_dependent_launch` made, else NV_PDL (read now, then kept)."""
+    global _enabled
+    if _enabled is None:
+        _enabled = envs.nv_pdl()
+    return _enabled
 
 
 @functools.lru_cache(maxsize=8)
 def _device_supports(device: torch.device) -> bool:
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or envs.triton_interpret():
         return False
     if torch.cuda.get_device_capability(device)[0] < 9:
         return False
@@ -62,7 +65,7 @@ def _device_supports(device: torch.device) -> bool:
 
 def dependent_launch_enabled(device: torch.device, tokens: int) -> bool:
     """Whether a kernel over `tokens` rows on this device launches with PDL (its USE_PDL constexpr)."""
-    return _enabled and tokens <= MAX_TOKENS and _device_supports(device)
+    return _switched_on() and tokens <= MAX_TOKENS and _device_supports(device)
 
 
 def launch_options(device: torch.device, tokens: int) -> dict[str, Any]:

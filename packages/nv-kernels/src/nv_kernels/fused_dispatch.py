@@ -2,7 +2,8 @@
 
 Mode "auto" (default): the Triton kernels run on CUDA tensors, torch everywhere else. "off": torch
 always (A/B benchmarks, debugging). "on": Triton also for CPU tensors when TRITON_INTERPRET=1 (tests
-of the wiring at tiny shapes). The environment variable NV_FUSED_OPS sets the starting mode.
+of the wiring at tiny shapes). Until `set_fused_ops` sets one, the mode is NV_FUSED_OPS (nv_kernels.envs),
+read at the first use.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import Any
 
 import torch
 
-MODES = ("auto", "on", "off")
+from nv_kernels import envs
+
+MODES = envs.FUSED_OPS_MODES
 
 try:
     import triton as _triton
@@ -23,14 +26,7 @@ except ImportError:  # pragma: no cover - platforms without triton: torch path o
     _triton = None
 
 
-def _mode_from_env() -> str:
-    mode = os.environ.get("NV_FUSED_OPS", "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"NV_FUSED_OPS={mode!r} is not one of {', '.join(MODES)}")
-    return mode
-
-
-_mode = _mode_from_env()
+_mode: str | None = None   # None: neither set nor read yet (the next use reads NV_FUSED_OPS)
 
 
 def triton_jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
@@ -46,20 +42,26 @@ def next_power_of_2(n: int) -> int:
 
 
 def get_fused_ops() -> str:
+    """The mode: the one `set_fused_ops` set, else NV_FUSED_OPS (read now, then kept)."""
+    global _mode
+    if _mode is None:
+        _mode = envs.nv_fused_ops()
     return _mode
 
 
-def set_fused_ops(mode: str) -> str:
-    """Set the mode ("auto" / "on" / "off"); returns the previous one."""
+def set_fused_ops(mode: str | None) -> str | None:
+    """Set the mode ("auto" / "on" / "off"; None: forget it, so the next use reads NV_FUSED_OPS again); returns
+    the previous setting, None when the mode was neither set nor read yet. Reads no environment variable: a
+    setting made here wins over NV_FUSED_OPS."""
     global _mode
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         raise ValueError(f"fused ops mode must be one of {', '.join(MODES)}, got {mode!r}")
     previous, _mode = _mode, mode
     return previous
 
 
 @contextmanager
-def fused_ops(mode: str) -> Iterator[None]:
+def fused_ops(mode: str | None) -> Iterator[None]:
     previous = set_fused_ops(mode)
     try:
         yield
@@ -69,14 +71,15 @@ def fused_ops(mode: str) -> Iterator[None]:
 
 def fused_ops_enabled(*tensors: torch.Tensor) -> bool:
     """True when the Triton kernels should run on these tensors (all on one device)."""
-    if _mode == "off" or _triton is None or not tensors:
+    mode = _mode if _mode is not None else get_fused_ops()
+    if mode == "off" or _triton is None or not tensors:
         return False
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         return False
     if device.type == "cuda":
         return True
-    return _mode == "on" and os.environ.get("TRITON_INTERPRET") == "1"
+    return mode == "on" and envs.triton_interpret()
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -95,7 +98,7 @@ def interpreted_copy(module_name: str) -> ModuleType:
     if copy_spec is None or copy_spec.loader is None:
         raise ValueError(f"cannot load {spec.origin} as a module")
     module = importlib.util.module_from_spec(copy_spec)
-    previous = os.environ.get("TRITON_INTERPRET")
+    previous = envs.triton_interpret_value()
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         copy_spec.loader.exec_module(module)

@@ -9,22 +9,24 @@ directories that appeared while it was open and describes each variant's signatu
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
+
+from nv_kernels import envs
 
 _ARG_SPLIT = re.compile(r",\s*%")
 
 
 def triton_cache_dir() -> Path:
-    if os.environ.get("TRITON_CACHE_DIR"):
-        return Path(os.environ["TRITON_CACHE_DIR"])
+    configured = envs.triton_cache_dir()
+    if configured is not None:
+        return Path(configured)
     try:
         from triton import knobs
 
         return Path(knobs.cache.dir)
     except (ImportError, AttributeError):  # triton < 3.4
-        return Path(os.environ.get("TRITON_HOME", Path.home())) / ".triton" / "cache"
+        return Path(envs.triton_home() or Path.home()) / ".triton" / "cache"
 
 
 def _entries(cache: Path) -> set[str]:

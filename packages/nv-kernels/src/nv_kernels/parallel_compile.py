@@ -15,7 +15,8 @@ compiles it again and raises there.
 
 Only for a pass whose results are thrown away and that never uses a computed value as an index, a size or a
 probability (a model body on staged dummy inputs): its floats are garbage. `compile_pass.active` is False off
-CUDA, under the Triton interpreter, where Triton lacks the mode, or with NV_PARALLEL_COMPILE=0: run nothing then.
+CUDA, under the Triton interpreter, where Triton lacks the mode, or with NV_PARALLEL_COMPILE=0 (nv_kernels.envs,
+read as each block opens): run nothing then.
 While a pass is open, no other thread may launch Triton kernels (the launch path is switched for the process).
 
 `ParallelTritonCompile.ahead(device, passes)` is what a start calls: with a warm cache a compile-only pass costs
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from nv_kernels import envs
 from nv_kernels.jit_watch import TritonCompileWatch
 
 logger = logging.getLogger(__name__)
@@ -45,10 +47,6 @@ class CompileAheadReport(NamedTuple):
     new_variants: int   # of those, variants the disk cache did not hold before
     seconds: float
     probe_only: bool    # the probe compiled nothing new (a warm cache): the passes after it were skipped
-
-
-def _switched_on() -> bool:
-    return os.environ.get("NV_PARALLEL_COMPILE", "1").strip().lower() not in ("0", "off", "false")
 
 
 class ParallelTritonCompile:
@@ -110,7 +108,7 @@ class ParallelTritonCompile:
                                   time.perf_counter() - start, probe_only=False)
 
     def _supported(self) -> bool:
-        if self.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or not _switched_on():
+        if not envs.nv_parallel_compile() or self.device.type != "cuda" or envs.triton_interpret():
             return False
         try:
             from triton.runtime import _async_compile  # noqa: F401

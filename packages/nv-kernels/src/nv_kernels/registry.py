@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 from typing import Literal
 
 import torch
 
+from nv_kernels import envs
 from nv_kernels.interface import AttentionBackend
 
 BACKEND_NAMES = ("flash_attn", "triton", "torch")
 Phase = Literal["prefill", "decode"]
 # The default backend of each attention phase on CUDA, fastest first; the first available one serves the
-# phase (Triton always is on CUDA). scripts/attention_backend_sweep.py measures the candidates per phase
+# phase (Triton always is on CUDA). benchmarks/attention_backend_sweep.py measures the candidates per phase
 # (Qwen3-0.6B attention shape). On an H200 (BENCHMARKS.md) FlashAttention-4 won only long fresh prefills
 # (1x8192: 419 against 870 us) and lost short and cached-prefix chunks (64x128: 218 against 88 us) and every
 # decode (batch 1, 4k context: 49 against 10 us); the headline ran 5% slower with it and the engine started
@@ -93,7 +93,7 @@ def _unavailable_reason(name: str, device: torch.device) -> str | None:
             return "the triton package is not installed"
         if device.type == "cuda":
             return None
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if envs.triton_interpret():
             return None
         return f"triton kernels need a CUDA device (got {device}); set TRITON_INTERPRET=1 to interpret on CPU"
     if name == "flash_attn":

@@ -5,17 +5,18 @@ torch rounds); `skinny_gemm_torch` / `skinny_norm_gemm_torch` are the references
 
 Launch configurations come from nv_kernels.skinny_gemm_config (`choose_config`: the tuned table, else a
 heuristic). The layers dispatch here when `skinny_gemm_applies` / `skinny_norm_gemm_applies`;
-NV_SKINNY_GEMM=0 (or `set_skinny_gemm(False)`) turns the dispatch off for A/B runs.
+NV_SKINNY_GEMM=0 (nv_kernels.envs, read at the first dispatch) or `set_skinny_gemm(False)` turns the dispatch
+off for A/B runs.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nv_kernels import envs
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.fused_dispatch import fused_ops_enabled
 from nv_kernels.fused_norm import rms_norm_torch
@@ -28,39 +29,30 @@ WORKSPACE = SplitKWorkspace()                  # split-K partial sums and arriva
 
 MAX_M = 16                                     # rows (tokens) the kernels take; more go to cuBLAS
 DTYPES = (torch.bfloat16, torch.float16)
-# Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there the dot path upcasts
-# its tiles to fp32 first.
-DOT_IN_FP32_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-PREFETCH_WEIGHTS = os.environ.get("NV_PDL_PREFETCH", "1") != "0"   # with dependent launch only
-# A configuration whose programs each take one K tile runs without the K loop, its weight tile loaded before
-# the dependent-launch wait (skinny_gemm_kernel's ONE_TILE); NV_SKINNY_ONE_TILE=0 keeps the loop (A/B runs).
-ONE_TILE = os.environ.get("NV_SKINNY_ONE_TILE", "1") != "0"
-
-
-def _switch_from_env() -> bool:
-    value = os.environ.get("NV_SKINNY_GEMM", "1").strip().lower() or "1"
-    if value not in ("0", "1", "off", "on"):
-        raise ValueError(f"NV_SKINNY_GEMM={value!r} is not one of 0, 1, off, on")
-    return value in ("1", "on")
-
-
-_enabled = _switch_from_env()
+_enabled: bool | None = None   # None: neither set nor read yet (the next dispatch reads NV_SKINNY_GEMM)
 
 
 def skinny_gemm_enabled() -> bool:
+    """The dispatch switch: the one `set_skinny_gemm` set, else NV_SKINNY_GEMM (read now, then kept)."""
+    global _enabled
+    if _enabled is None:
+        _enabled = envs.nv_skinny_gemm()
     return _enabled
 
 
-def set_skinny_gemm(enabled: bool) -> bool:
-    """Turn the layers' dispatch to these kernels on or off; returns the previous setting."""
+def set_skinny_gemm(enabled: bool | None) -> bool | None:
+    """Turn the layers' dispatch to these kernels on or off; None forgets the setting, so the next dispatch reads
+    NV_SKINNY_GEMM again. Returns the previous setting, None when it was neither set nor read yet."""
     global _enabled
-    previous, _enabled = _enabled, bool(enabled)
+    previous, _enabled = _enabled, None if enabled is None else bool(enabled)
     return previous
 
 
 def _rows_fit(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Switch on, bf16 / fp16 operands of one dtype that match, and 1..MAX_M rows."""
-    if not _enabled or x.dtype not in DTYPES or weight.dtype != x.dtype or weight.dim() != 2 or x.dim() < 1:
+    if not skinny_gemm_enabled() or x.dtype not in DTYPES or weight.dtype != x.dtype:
+        return False
+    if weight.dim() != 2 or x.dim() < 1:
         return False
     if bias is not None and (bias.dtype != x.dtype or bias.shape != (weight.shape[0],)):
         return False
@@ -141,9 +133,9 @@ PREFETCH_MAX_BYTES = 16 << 20
 
 def _prefetch_lines(k_per_split: int, weight: Tensor) -> int:
     """128-byte lines per weight row a program prefetches before it waits (dependent launch): its whole
-    K range, up to 64 lines (8 KB of a bf16 row); 0 (no prefetch) when NV_PDL_PREFETCH=0 or the weight is
-    larger than PREFETCH_MAX_BYTES."""
-    if not PREFETCH_WEIGHTS or weight.numel() * weight.element_size() > PREFETCH_MAX_BYTES:
+    K range, up to 64 lines (8 KB of a bf16 row); 0 (no prefetch) when the weight is larger than
+    PREFETCH_MAX_BYTES."""
+    if weight.numel() * weight.element_size() > PREFETCH_MAX_BYTES:
         return 0
     return min(64, 1 << max(math.ceil(k_per_split / 64) - 1, 0).bit_length())
 
@@ -214,15 +206,19 @@ def _launch(x: Tensor, residual: Tensor | None, norm_weight: Tensor | None, eps:
     else:
         partials, counters = x2, x2
     pdl = launch_options(x.device, m)
-    # one K tile per program (with the norm: the whole row, which a split would cut)
-    one_tile = ONE_TILE and k_per_split == cfg.block_k and (norm_weight is None or split_k == 1)
+    # one K tile per program (with the norm: the whole row, which a split would cut): no K loop, the weight tile
+    # loaded before the dependent-launch wait (skinny_gemm_kernel's ONE_TILE)
+    # DOT_IN_FP32: Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16), so there the
+    # dot path upcasts its tiles to fp32 first
+    one_tile = k_per_split == cfg.block_k and (norm_weight is None or split_k == 1)
     skinny_gemm_kernel[(column_blocks, split_k)](
         x2, res2, norm_arg, h2, weight, bias_arg, out2, partials, counters, m, n_out, k, k_per_split,
         x2.stride(0), res2.stride(0), h2.stride(0), weight.stride(0), out2.stride(0), partials.stride(-2),
         partials.stride(0), n_out * weight.stride(0), float(eps),
         M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot, GATED=gated,
         HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-        SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0, DOT_IN_FP32=DOT_IN_FP32_INTERPRETED, NUM_STAGES=cfg.num_stages,
+        SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0, DOT_IN_FP32=envs.triton_interpret(),
+        NUM_STAGES=cfg.num_stages,
         PREFETCH_LINES=_prefetch_lines(k_per_split, weight) if pdl["USE_PDL"] and not one_tile else 0,
         ONE_TILE=one_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl)
     return out, h

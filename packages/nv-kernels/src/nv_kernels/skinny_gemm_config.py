@@ -1,5 +1,5 @@
 """Launch configurations of the skinny GEMM (nv_kernels.skinny_gemm): `SkinnyGemmConfig`, the measured
-`TUNED_CONFIGS` (keyed by the weight shape and the M bucket, filled from scripts/bench_small_gemm.py on the
+`TUNED_CONFIGS` (keyed by the weight shape and the M bucket, filled from benchmarks/bench_small_gemm.py on the
 GPU) and `choose_config`, which reads them and falls back to `heuristic_config`.
 """
 from __future__ import annotations
@@ -41,13 +41,13 @@ class SkinnyGemmConfig:
 
 
 # (weight rows N_w, K, M bucket (next power of two of M), gated) -> the measured best configuration.
-# Filled from `scripts/bench_small_gemm.py --table` on the GPU; shapes not listed use the heuristic.
-# Measured on an H200 (2026-12-01, scripts/bench_small_gemm.py, weights read from HBM): the fastest
+# Filled from `benchmarks/bench_small_gemm.py --table` on the GPU; shapes not listed use the heuristic.
+# Measured on an H200 (2026-12-01, benchmarks/bench_small_gemm.py, weights read from HBM): the fastest
 # configuration per (weight rows, K, M bucket, gated), or None where torch's GEMM measured faster (the
 # layers then keep F.linear). The gated rows stay on the skinny GEMM even where F.linear + SiLU-and-mul
 # timed slightly faster alone: inside the decode step cuBLAS picked a 12.8 us kernel for that shape.
 # M = 1 (dependent launch, CUDA-core GEMV): one K tile per program and no split (ONE_TILE in
-# skinny_gemm_kernel), chosen with scripts/bench_gemm_chain.py: the four projections of every layer chained
+# skinny_gemm_kernel), chosen with benchmarks/bench_gemm_chain.py: the four projections of every layer chained
 # in one CUDA graph, the norms fused as the model runs them. Qwen3-0.6B: 23.3 us per layer with the K-loop
 # configurations these replaced, 14.1 with these; Qwen3-8B (no norm fused at K 4096): 107.2 -> 96.6 us per
 # layer, down keeping its split (H200, 2026-12-02).

@@ -114,9 +114,9 @@ def _normed(x, r, norm_w, rstd, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton_jit
-def k_step(gate, up, x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k0, k_hi,
-           M_PAD: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, GATED: tl.constexpr,
-           HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+def _k_step(gate, up, x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k0, k_hi,
+            M_PAD: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, GATED: tl.constexpr,
+            HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """One BLOCK_K step of _rows_times_x at k0 (its running sums gate / up in, updated sums out)."""
     rk = tl.arange(0, BLOCK_K)
     if EVEN_K:   # every step is a whole block: no K mask, the loads stay 16-byte vectors
@@ -159,8 +159,8 @@ def _rows_times_x(x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_ma
     # num_stages on the loop itself: the weight loads are software-pipelined (cp.async) on every path, not
     # only where they feed tl.dot
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
-        gate, up = k_step(gate, up, x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k0, k_hi,
-                          M_PAD, BLOCK_K, USE_DOT, GATED, HAS_NORM, HAS_RESIDUAL, EVEN_K, DOT_IN_FP32)
+        gate, up = _k_step(gate, up, x_ptrs, r_ptrs, nw_ptrs, rstd, w_ptrs, up_offset, m_mask, n_mask, k0, k_hi,
+                           M_PAD, BLOCK_K, USE_DOT, GATED, HAS_NORM, HAS_RESIDUAL, EVEN_K, DOT_IN_FP32)
     gate_sums = _reduced(gate, M_PAD, USE_DOT)
     up_sums = gate_sums
     if GATED:

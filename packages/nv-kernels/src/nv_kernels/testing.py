@@ -3,16 +3,17 @@ kernel modules imported for the interpreter."""
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from nv_kernels import envs
 
 
 @dataclass
@@ -120,43 +121,6 @@ def rotary_cos_sin(positions: int, dim: int, base: float = 10000.0, device: torc
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)            # [P, D]
 
 
-def decoder_layer_reference(w: dict[str, Tensor | None], x: Tensor, residual: Tensor | None, seq_lens: Tensor,
-                            block_tables: Tensor, slot_mapping: Tensor, k_cache: Tensor, v_cache: Tensor, *,
-                            num_q_heads: int, num_kv_heads: int, eps: float, **scales: Tensor) -> tuple[Tensor, Tensor]:
-    """One decoder layer's decode step from the torch references (the layers' torch path): add + RMSNorm, the
-    q/k/v projection, q/k norm + rotary + KV store (fused_rope's reference), paged decode (the torch backend), o
-    projection, add + RMSNorm, gate/up, SiLU-and-mul, down. w: nv_kernels.decode_layer.DecodeLayer's fields by
-    name. x, residual [M, H]; one new token per row at position seq_lens - 1. -> (MLP output, residual stream)."""
-    import torch.nn.functional as F
-
-    from nv_kernels.fused_norm import rms_norm_torch
-    from nv_kernels.fused_rope import qk_norm_rope_torch
-    from nv_kernels.torch_backend import TorchBackend
-
-    def weight(name: str) -> Tensor:
-        t = w[name]
-        if t is None:
-            raise ValueError(f"the reference layer needs {name}")
-        return t
-
-    head_dim = k_cache.shape[-1]
-    if residual is None:
-        r1, h = x, cast(Tensor, rms_norm_torch(x, weight("input_norm"), eps))
-    else:
-        h, r1 = rms_norm_torch(x, weight("input_norm"), eps, residual)
-    q, k, v = F.linear(h, weight("qkv")).split(
-        [num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q, _, _ = qk_norm_rope_torch(q, k, v, (seq_lens - 1).long().clamp_min(0), weight("cos_sin_cache"),
-                                 head_dim=head_dim, rotary_dim=head_dim, q_weight=w["q_norm"], k_weight=w["k_norm"],
-                                 eps=eps, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping, **scales)
-    attn = TorchBackend().decode(q, k_cache, v_cache, seq_lens=seq_lens, block_tables=block_tables,
-                                 max_seqlen_k=int(seq_lens.max()), scale=head_dim ** -0.5, **scales)
-    h2, r2 = rms_norm_torch(F.linear(attn.reshape(x.shape[0], -1), weight("o")), weight("post_norm"), eps, r1)
-    gate, up = F.linear(h2, weight("gate_up")).chunk(2, dim=-1)
-    act = (F.silu(gate.float()).to(x.dtype).float() * up.float()).to(x.dtype)
-    return F.linear(act, weight("down")), r2
-
-
 def compile_for_gpu(kernel: Any, args: tuple, kwargs: dict[str, Any], capability: int = 90) -> Any:
     """Compile a @triton.jit kernel (not interpreted) for an NVIDIA GPU of this compute capability from the
     arguments of one launch, without a GPU: Triton's front end, its passes and ptxas run on the host. Catches
@@ -208,7 +172,7 @@ def interpreted_triton_modules(*names: str) -> Iterator[list[ModuleType]]:
     import pytest
 
     with pytest.MonkeyPatch.context() as mp:
-        if "TRITON_INTERPRET" not in os.environ and any(name in sys.modules for name in names):
+        if envs.triton_interpret_value() is None and any(name in sys.modules for name in names):
             pytest.skip("the kernels were already compiled for the GPU in this process")
         mp.setenv("TRITON_INTERPRET", "1")
         yield [importlib.import_module(name) for name in names]

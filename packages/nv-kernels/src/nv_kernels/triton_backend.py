@@ -1,11 +1,10 @@
 """The Triton backend (GPU default). On CPU it runs only under TRITON_INTERPRET=1 (tests)."""
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
+from nv_kernels import envs
 from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.decode_tuning import fused_decode_rope_pays
 from nv_kernels.interface import check_query, check_store
@@ -21,7 +20,7 @@ def _check_device(*tensors: Tensor) -> None:
     for t in tensors:
         if t.device != device:
             raise ValueError(f"all tensors must be on one device, got {device} and {t.device}")
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type != "cuda" and not envs.triton_interpret():
         raise ValueError(f"the triton backend needs CUDA tensors (got {device}); "
                          "set TRITON_INTERPRET=1 to interpret on CPU")
 

@@ -21,8 +21,6 @@ float32 caches are read as before, in q's dtype.
 # (that last one: tl.extra.cuda, which triton exposes at run time only)
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -41,10 +39,6 @@ LOG2E = 1.4426950408889634
 # that they never grow while a CUDA graph is captured.
 MIN_COUNTERS = 1 << 16
 _WORKSPACE = SplitKWorkspace()
-# Under dependent launch a split program reads its first KV tile before the wait (the kernel's PRELOAD): H200,
-# Qwen3-0.6B batch 1, 43-46 us less device time per step of ~790 (BENCHMARKS.md). NV_DECODE_PRELOAD=0 turns it off
-# (A/B runs). Not for an FP8 cache (not measured there: its 128-token tiles would sit in registers across the wait).
-PRELOAD_FIRST_TILE = os.environ.get("NV_DECODE_PRELOAD", "1") != "0"
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces
 
 
@@ -354,7 +348,7 @@ def decode_attention(
     split that costs more than the separate fused_rope kernel: callers ask
     decode_tuning.fused_decode_rope_pays first.
     preload: read each split's first KV tile before the dependent-launch wait (the kernel's PRELOAD); None: where
-    the launch is dependent and the cache is 16-bit (PRELOAD_FIRST_TILE)."""
+    the launch is dependent and the cache is 16-bit (where it measured faster)."""
     batch, hq, head_dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
     if rope is not None:
@@ -380,7 +374,10 @@ def decode_attention(
     v_strides = scale_strides(v_scale) if v_scale is not None else (0, 0)
     pdl = launch_options(q.device, batch)
     if preload is None:
-        preload = PRELOAD_FIRST_TILE and pdl["USE_PDL"] and not fp8
+        # Under dependent launch a split program reads its first KV tile before the wait: H200, Qwen3-0.6B batch 1,
+        # 43-46 us less device time per step of ~790 (BENCHMARKS.md). Not for an FP8 cache (not measured there:
+        # its 128-token tiles would sit in registers across the wait), nor without dependent launch (no wait).
+        preload = pdl["USE_PDL"] and not fp8
     _decode_split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
         _WORKSPACE.counters(q.device, max(batch * hkv, MIN_COUNTERS)),

@@ -28,6 +28,8 @@ from typing import cast
 import torch
 import torch.distributed as dist
 
+from nv_layers import envs
+
 logger = logging.getLogger(__name__)
 
 # Buffer size: a decode step's [batch, hidden] activations (256 x 4096 bf16 = 2 MiB) and short
@@ -115,8 +117,8 @@ class SymmMemAllReduce:
             return f"torch {torch.__version__} has no symm_mem one_shot_all_reduce_out"
         if dtype not in _DTYPES:
             return f"the one-shot kernel has no {dtype} (only {', '.join(map(str, _DTYPES))})"
-        local_world = os.environ.get("LOCAL_WORLD_SIZE")      # set by torchrun
-        if local_world is not None and local_world != str(devices.numel()):
+        local_world = envs.local_world_size()      # set by torchrun
+        if local_world is not None and local_world != devices.numel():
             return "the ranks span several hosts"
         mine, ids = device.index or 0, [int(i) for i in devices.tolist()]
         if ids.count(mine) > 1:

@@ -10,7 +10,6 @@ PACKED_MODULES_MAPPING (q/k/v -> qkv_proj, gate/up -> gate_up_proj).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,23 +19,16 @@ from torch import nn
 from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
 from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
-from nv_kernels.kv_quant import is_fp8
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies, skinny_norm_gemm, skinny_norm_gemm_applies
 from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention
 from nv_layers.decoder_config import DecoderDims, check_tp, read_dims
 from nv_layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from nv_layers.forward_context import ForwardContext, current_forward_context, get_forward_context
+from nv_layers.forward_context import ForwardContext, get_forward_context
 from nv_layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nv_layers.norm import RMSNorm
 from nv_layers.parallel_state import get_tp_size
 from nv_layers.rotary import get_rope
-
-DECODE_ROPE = os.environ.get("NV_DECODE_ROPE", "1") != "0"   # decode attention finishes q / k (see below)
-# NV_DECODE_LAYER=1: a decode step of at most nv_kernels.decode_layer.MAX_ROWS tokens runs each layer as one
-# persistent kernel (nv_kernels.decode_layer, imported on first use: it needs triton). Off by default: on the
-# H200 it measured slower than the separate kernels at every batch (BENCHMARKS.md, eleventh pass).
-DECODE_LAYER = os.environ.get("NV_DECODE_LAYER", "0") == "1"
 
 PACKED_MODULES_MAPPING: dict[str, tuple[str, Any]] = {
     "q_proj": ("qkv_proj", "q"),
@@ -99,10 +91,10 @@ class DecoderAttention(nn.Module):
     def _decode_finishes_rope(self, ctx: ForwardContext, num_tokens: int, device: torch.device) -> bool:
         """A decode step whose attention kernel can norm and rotate q and k and store k / v itself
         (nv_kernels.decode_rope), where the backend says that pays at this batch: one kernel per layer fewer.
-        Not while FP8 scales are calibrated (the layer records K / V first) nor with partial rotary;
-        NV_DECODE_ROPE=0 keeps the separate kernel. The backend's capability (nv_kernels.interface.DecodesWithRope)
-        is tested with hasattr: a Protocol isinstance check costs microseconds, per layer and eager step."""
-        if not (DECODE_ROPE and ctx.is_decode and ctx.attention_split is None and self.attn.kv_amax is None
+        Not while FP8 scales are calibrated (the layer records K / V first) nor with partial rotary. The backend's
+        capability (nv_kernels.interface.DecodesWithRope) is tested with hasattr: a Protocol isinstance check costs
+        microseconds, per layer and eager step; a backend without it keeps the separate kernel."""
+        if not (ctx.is_decode and ctx.attention_split is None and self.attn.kv_amax is None
                 and self.rotary_emb.rotary_dim == self.head_dim and hasattr(ctx.backend, "decode_with_rope")):
             return False
         return ctx.backend.decode_rope_pays(num_tokens, self.num_kv_heads, ctx.max_seqlen_k, device)  # type: ignore[attr-defined]
@@ -163,10 +155,6 @@ class DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # the residual add is fused into the next norm: returns (mlp output, residual stream so far)
-        if DECODE_LAYER:
-            ctx = current_forward_context()
-            if ctx is not None and self._runs_as_one_kernel(ctx, hidden):
-                return self._forward_as_one_kernel(ctx, positions, hidden, residual)
         if self._norms_fuse_into_gemms(hidden, residual):
             return self._forward_norms_in_gemms(positions, hidden, residual)
         if residual is None:
@@ -176,45 +164,6 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden)
         hidden, stream = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), stream
-
-    def _runs_as_one_kernel(self, ctx: ForwardContext, hidden: torch.Tensor) -> bool:
-        """(With NV_DECODE_LAYER=1.) A decode step of 1..MAX_ROWS tokens on one GPU (fused ops on), bf16 / fp16 weights
-        without biases, rotary over the whole head, a cache the Triton decode reads (16-bit in the model dtype, or
-        FP8 once its scales are set: not while they are calibrated)."""
-        from nv_kernels.decode_layer import MAX_ROWS
-
-        attn, mlp = self.self_attn, self.mlp
-        layer = attn.attn
-        if not (ctx.is_decode and ctx.attention_split is None and layer.kv_amax is None
-                and 0 < hidden.shape[0] <= MAX_ROWS and hidden.dtype in FLOAT_DTYPES
-                and hidden.dtype != torch.float32 and hasattr(ctx.backend, "decode_with_rope")
-                and attn.rotary_emb.rotary_dim == attn.head_dim and fused_ops_enabled(hidden)):
-            return False
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if get_tp_size() != 1 or any(lin.bias is not None or lin.weight.dtype != hidden.dtype for lin in linears):
-            return False
-        cache = layer.k_cache
-        return cache.dim() == 4 and (cache.dtype == hidden.dtype or is_fp8(cache.dtype)) and can_store_into(
-            layer.k_cache, layer.v_cache, attn.num_kv_heads, attn.head_dim)
-
-    def _forward_as_one_kernel(self, ctx: ForwardContext, positions: torch.Tensor, hidden: torch.Tensor,
-                               residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        from nv_kernels.decode_layer import DecodeLayer
-
-        attn, mlp = self.self_attn, self.mlp
-        layer = DecodeLayer(input_norm=self.input_layernorm.weight, post_norm=self.post_attention_layernorm.weight,
-                            qkv=attn.qkv_proj.weight, o=attn.o_proj.weight, gate_up=mlp.gate_up_proj.weight,
-                            down=mlp.down_proj.weight, cos_sin_cache=attn.rotary_emb.cos_sin_cache,
-                            num_q_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-                            eps=self.input_layernorm.eps, q_norm=attn.q_norm.weight if attn.qk_norm else None,
-                            k_norm=attn.k_norm.weight if attn.qk_norm else None,
-                            qk_eps=attn.q_norm.eps if attn.qk_norm else self.input_layernorm.eps)
-        layer.check()
-        scales = attn.attn.kv_scale_kwargs()
-        return layer(hidden, residual, k_cache=attn.attn.k_cache, v_cache=attn.attn.v_cache, seq_lens=ctx.seq_lens,
-                     block_tables=ctx.block_tables, positions=positions, slot_mapping=ctx.slot_mapping,
-                     max_seqlen_k=ctx.max_seqlen_k, scale=attn.attn.scale, k_scale=scales.get("k_scale"),
-                     v_scale=scales.get("v_scale"))
 
     def _norms_fuse_into_gemms(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> bool:
         """Decode batch sizes on CUDA (nv_kernels.skinny_gemm): each add + RMSNorm runs in the prologue of

@@ -18,9 +18,13 @@ from typing import Any
 import torch
 
 from nv_engine.config.engine_config import (
+    CUDA_GRAPH_MODES,
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_CPU_KV_CACHE_GIB,
+    DEFAULT_DISTRIBUTED_TIMEOUT_S,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
+    FUSED_OPS_MODES,
     KV_CACHE_DTYPES,
     EngineConfig,
     resolve_device,
@@ -80,6 +84,8 @@ class EngineArgs:
     disable_custom_all_reduce: bool = _arg(False, "tensor parallelism: reduce every tensor with NCCL, never "
                                            "with the peer-to-peer symmetric-memory all-reduce that small "
                                            "tensors use by default", type=bool)
+    distributed_timeout_s: float = _arg(DEFAULT_DISTRIBUTED_TIMEOUT_S, "tensor parallelism: longest wait of one "
+                                        "collective, in seconds, before the engine gives up", type=float)
     # ---- memory and KV cache -----------------------------------------------------------------
     gpu_memory_utilization: float = _arg(0.9, "fraction of GPU memory for weights, activations and the KV "
                                          "cache", type=float)
@@ -93,6 +99,8 @@ class EngineArgs:
         "else 1.0; unset: the checkpoint's, else calibrated", type=bool)
     num_gpu_blocks_override: int | None = _arg(None, "fixed KV-cache size in blocks (tests, debugging)",
                                                type=int)
+    cpu_kv_cache_space_gib: float = _arg(DEFAULT_CPU_KV_CACHE_GIB, "KV-cache budget in GiB when the device is "
+                                         "the CPU", type=float)
     enable_prefix_caching: bool = _arg(True, "reuse the KV cache of shared prompt prefixes", type=bool)
     swap_space: float = _arg(DEFAULT_SWAP_SPACE_GIB, "accepted and ignored: nv preempts by recomputing, "
                              "not by swapping to CPU memory", type=float)
@@ -108,12 +116,21 @@ class EngineArgs:
     async_scheduling: bool | None = _arg(None, "schedule step N+1 while step N runs (default: on; "
                                          "off only for steps that need every output id on the host)", type=bool)
     # ---- execution ---------------------------------------------------------------------------
-    enforce_eager: bool = _arg(False, "no CUDA graphs", type=bool)
+    enforce_eager: bool = _arg(False, "no CUDA graphs (the same as --cuda-graph-mode none)", type=bool)
+    cuda_graph_mode: str | None = _arg(
+        None, "full_and_piecewise (default): pure-decode steps replay a graph of the whole model, other steps up "
+        "to 2048 tokens graphs of the layers between attentions; full_decode_only: the decode graphs only; none: "
+        "no CUDA graphs", choices=list(CUDA_GRAPH_MODES))
+    fused_ops: str = _arg("auto", "fused Triton norm / rotary / activation kernels: auto (on CUDA), on (also on "
+                          "CPU under TRITON_INTERPRET=1), off (torch ops)", choices=list(FUSED_OPS_MODES))
     max_seq_len_to_capture: int = _arg(8192, "accepted for compatibility; no effect (nv's CUDA graphs "
                                        "cover every length up to max_model_len)", type=int)
     attention_backend: str | None = _arg(None, "torch, triton or flash_attn (default: the fastest available)")
     disable_log_stats: bool = _arg(False, "no periodic statistics line in nv serve's log "
                                    "(throughput, running / waiting requests, KV usage, prefix-cache hits)", type=bool)
+    grammar_matcher_process: bool | None = _arg(
+        None, "structured outputs: keep the grammar matchers in a process of their own (default: on CUDA with 4 "
+        "or more CPU cores)", type=bool)
     kv_events_config: KVEventsConfig | dict[str, Any] | str | None = _arg(
         None, 'KV-cache events for KV-aware routers, JSON: {"enable_kv_cache_events": true, "publisher": '
         '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"} (default: off)', type=json.loads)
@@ -160,6 +177,12 @@ class EngineArgs:
         if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
             raise ValueError(f"generation_config={self.generation_config!r} is neither 'auto', 'vllm' nor "
                              "a folder")
+        if self.cuda_graph_mode is not None and self.cuda_graph_mode.lower() not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph_mode must be one of {', '.join(CUDA_GRAPH_MODES)}, got "
+                             f"{self.cuda_graph_mode!r}")
+        if self.enforce_eager and self.cuda_graph_mode not in (None, "none"):
+            raise ValueError(f"enforce_eager=True and cuda_graph_mode={self.cuda_graph_mode!r} contradict each "
+                             "other; give one of them")
         if self.swap_space != DEFAULT_SWAP_SPACE_GIB:
             logger.warning("swap_space=%s is ignored: nv preempts by recomputing, not by swapping",
                            self.swap_space)
@@ -206,6 +229,12 @@ class EngineArgs:
         return cls(**{name: getattr(args, name) for name in cls.field_names()})
 
     # ---- resolution --------------------------------------------------------------------------
+    def resolved_cuda_graph_mode(self) -> str:
+        """cuda_graph_mode in lower case (vLLM spells its modes in capitals); "none" with enforce_eager."""
+        if self.enforce_eager:
+            return "none"
+        return "full_and_piecewise" if self.cuda_graph_mode is None else self.cuda_graph_mode.lower()
+
     def with_resolved_paths(self) -> EngineArgs:
         """These arguments with `model` (hub download, GGUF conversion) and `tokenizer` resolved to local
         paths: what another process resolves to the same config without fetching or converting again.
@@ -254,7 +283,9 @@ class EngineArgs:
                                     else max_num_batched_tokens),
             block_size=DEFAULT_BLOCK_SIZE if self.block_size is None else self.block_size,
             enable_prefix_caching=bool(self.enable_prefix_caching),
-            gpu_memory_utilization=self.gpu_memory_utilization, enforce_eager=bool(self.enforce_eager),
+            gpu_memory_utilization=self.gpu_memory_utilization, cuda_graph_mode=self.resolved_cuda_graph_mode(),
+            fused_ops=self.fused_ops, grammar_matcher_process=self.grammar_matcher_process,
+            cpu_kv_cache_space_gib=self.cpu_kv_cache_space_gib, distributed_timeout_s=self.distributed_timeout_s,
             attention_backend=self.attention_backend, num_gpu_blocks_override=self.num_gpu_blocks_override,
             tokenizer=tokenizer, async_scheduling=self.async_scheduling,
             generation_config=generation_config, max_logprobs=self.max_logprobs,

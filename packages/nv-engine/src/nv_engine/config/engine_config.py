@@ -21,6 +21,18 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 KV_CACHE_DTYPES = ("auto", *FP8_KV_CACHE_DTYPES)
 # Used only when the checkpoint's config names no context length.
 FALLBACK_MAX_MODEL_LEN = 4096
+# cuda_graph_mode values (vLLM's CUDAGraphMode names, lower case). "full_and_piecewise": pure-decode steps replay
+# one graph of the whole model per padded batch size (at TP 1 with the LM head and a temperature-only draw in a
+# second graph), other steps up to 2048 tokens replay the layers' pieces between attentions (runner.mixed_graphs);
+# "full_decode_only": the decode graphs only, other steps eager; "none": no graphs (enforce_eager).
+CUDA_GRAPH_MODES = ("full_and_piecewise", "full_decode_only", "none")
+# fused_ops values: when nv_kernels' fused elementwise kernels run instead of torch ops (nv_kernels.fused_dispatch):
+# "auto" on CUDA tensors, "on" also on CPU under TRITON_INTERPRET=1 (tests), "off" never (A/B runs, debugging).
+FUSED_OPS_MODES = ("auto", "on", "off")
+DEFAULT_CPU_KV_CACHE_GIB = 4.0      # the KV cache's budget on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)
+# Upper bound for one collective (gloo honours it; NCCL's watchdog uses it). A dead worker is normally noticed
+# much sooner, through its process sentinel and closed pipe.
+DEFAULT_DISTRIBUTED_TIMEOUT_S = 600.0
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
@@ -58,7 +70,8 @@ class EngineConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
+    cuda_graph_mode: str = "full_and_piecewise"   # CUDA_GRAPH_MODES
+    fused_ops: str = "auto"                      # FUSED_OPS_MODES
     attention_backend: str | None = None
     num_gpu_blocks_override: int | None = None   # fixed KV-cache size in blocks (tests, debugging)
     tokenizer: str | None = None                 # tokenizer dir; None = the model dir
@@ -70,6 +83,9 @@ class EngineConfig:
     kv_events_config: KVEventsConfig | None = None   # KV-cache events for routers; None: off
     kv_cache_dtype: str = "auto"                 # "auto" (the model dtype) or an FP8 name (KV_CACHE_DTYPES)
     calculate_kv_scales: bool | None = None      # FP8: True calibrate, False checkpoint or 1.0, None either
+    grammar_matcher_process: bool | None = None  # grammar matchers in their own process; None: CUDA and 4+ cores
+    cpu_kv_cache_space_gib: float = DEFAULT_CPU_KV_CACHE_GIB   # KV-cache budget when the device is the CPU
+    distributed_timeout_s: float = DEFAULT_DISTRIBUTED_TIMEOUT_S   # longest wait of one collective
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:
@@ -88,6 +104,15 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                              f"{self.kv_cache_dtype!r}")
+        if self.cuda_graph_mode not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph_mode must be one of {', '.join(CUDA_GRAPH_MODES)}, got "
+                             f"{self.cuda_graph_mode!r}")
+        if self.fused_ops not in FUSED_OPS_MODES:
+            raise ValueError(f"fused_ops must be one of {', '.join(FUSED_OPS_MODES)}, got {self.fused_ops!r}")
+        for name in ("cpu_kv_cache_space_gib", "distributed_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         if self.num_gpu_blocks_override is not None:
             positive_int("num_gpu_blocks_override")
         if self.data_parallel_size > 1 and ":" in self.device:
@@ -126,6 +151,16 @@ class EngineConfig:
     def kv_dtype(self) -> torch.dtype:
         """The KV cache's element dtype: the model dtype for "auto", else the FP8 dtype."""
         return FP8_KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.dtype)
+
+    @property
+    def enforce_eager(self) -> bool:
+        """No CUDA graph is captured (cuda_graph_mode "none")."""
+        return self.cuda_graph_mode == "none"
+
+    @property
+    def piecewise_graphs(self) -> bool:
+        """Steps that are not pure decode replay piecewise graphs (cuda_graph_mode "full_and_piecewise")."""
+        return self.cuda_graph_mode == "full_and_piecewise"
 
     @property
     def is_cuda(self) -> bool:

@@ -5,14 +5,15 @@ logger, so a program's own logging setup (or none) neither hides nor repeats the
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import TextIO
+
+from nv_engine import envs
 
 LOGGER_NAMES = ("nv_engine", "nv_kvcache", "nv_kernels", "nv_layers", "nv_qwen3", "nv_llama")
 LOG_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 DATE_FORMAT = "%m-%d %H:%M:%S"
-LEVEL_ENV_VAR = "NV_LOGGING_LEVEL"
+LEVEL_ENV_VAR = envs.LOGGING_LEVEL
 
 
 class _NvHandler(logging.StreamHandler):
@@ -23,7 +24,7 @@ def configure_logging(level: str | int | None = None, stream: TextIO | None = No
     """Configure the nv_* loggers (idempotent: a later call replaces the earlier handler). `level`:
     a logging level name or number; None: $NV_LOGGING_LEVEL, else INFO. ValueError for an unknown name."""
     if level is None:
-        level = os.environ.get(LEVEL_ENV_VAR) or "INFO"
+        level = envs.logging_level() or "INFO"
     if isinstance(level, str):
         name = level.strip().upper()
         number = logging.getLevelName(name)

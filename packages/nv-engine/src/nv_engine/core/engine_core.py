@@ -96,7 +96,8 @@ class EngineCore:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = int(config.hf_config.vocab_size)
         self.record_timestamps = record_timestamps
-        self.executor: Executor | None = create_executor(config) if executor is None else executor
+        self.executor: Executor | None = (create_executor(config, timeout_s=config.distributed_timeout_s)
+                                               if executor is None else executor)
         try:
             self.num_blocks = int(self.executor.determine_num_blocks())
             self._check_kv_cache_holds_one_sequence()
@@ -128,8 +129,9 @@ class EngineCore:
             pin_memory=config.is_cuda and self.executor is not None and self.executor.shares_host_memory,
             max_rows=config.max_num_seqs)
         # the matchers in a process of their own where the step loop is bound by the host (CUDA) and
-        # the host has cores to spare; NV_GRAMMAR_MATCHER_PROCESS=0 / 1 decides instead
-        self.structured_outputs.use_matcher_process = matcher_process_wanted(config.is_cuda)
+        # the host has cores to spare; the grammar_matcher_process argument decides instead
+        self.structured_outputs.use_matcher_process = matcher_process_wanted(config.grammar_matcher_process,
+                                                                             config.is_cuda)
         self.grammar_sampling = GrammarSampling(self.structured_outputs)
         self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
                                      config.max_model_len, config.seed)   # the unfinished ones

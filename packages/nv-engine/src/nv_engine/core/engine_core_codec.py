@@ -3,7 +3,7 @@
 A frame is one byte (the CoreMessage) followed by the payload. OUTPUTS, sent every step, are
 msgpack through msgspec with the typed EngineCoreOutputs (its SequenceUpdate NamedTuples travel as
 arrays; decoding rebuilds the dataclasses, NamedTuples and FinishReason enums): about 4x cheaper
-to encode and decode than pickle for a 256-sequence step (scripts/bench_core_ipc.py). Every other
+to encode and decode than pickle for a 256-sequence step (benchmarks/bench_core_ipc.py). Every other
 message (requests with their SamplingParams, control and utility calls: a few per request, not per
 step) is pickle protocol 5, which takes any picklable payload.
 """

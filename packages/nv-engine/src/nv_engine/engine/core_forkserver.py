@@ -23,10 +23,10 @@ as before.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
+from nv_engine import envs
 from nv_engine.model_loader.registry import builtin_hf_config_modules, builtin_model_modules
 
 PRELOAD = [
@@ -60,7 +60,7 @@ class CoreForkserver:
         platform has no forkserver or NV_CORE_FORKSERVER=0 (cores are then spawned)."""
         if cls._started:
             return True
-        if os.environ.get("NV_CORE_FORKSERVER", "1").strip().lower() in ("0", "off", "false"):
+        if not envs.core_forkserver():
             return False
         if "forkserver" not in multiprocessing.get_all_start_methods():
             return False

@@ -23,11 +23,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable
 
+from nv_engine import envs
 from nv_engine.config.engine_config import EngineConfig
 from nv_engine.core.engine_core_outputs import EngineCoreOutputs
 from nv_engine.core.engine_core_request import EngineCoreRequest
@@ -105,7 +105,7 @@ class DataParallelCoreClient:
             return {}
         import torch
 
-        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        before = envs.cuda_visible_devices()
         visible = (before.split(",") if before is not None
                    else [str(i) for i in range(torch.cuda.device_count())])
         tp = config.tensor_parallel_size

@@ -1,7 +1,7 @@
 """LLMEngine: requests in, RequestOutputs out, one scheduler step per `step()` (vLLM's API).
 
 The engine is a tokenizer and an OutputProcessor in front of an in-process EngineCore (which owns
-the executor, the scheduler and async scheduling; see engine_core.py). `add_request` tokenizes
+the executor, the scheduler and async scheduling; see core/engine_core.py). `add_request` tokenizes
 and checks a request and hands it to the core; `step()` runs one core step and gives its
 SequenceUpdates to the OutputProcessor, which detokenizes, applies stop strings, records logprobs
 and builds the RequestOutputs; the sequences a stop string ended are then finished in the core.

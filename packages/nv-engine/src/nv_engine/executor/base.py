@@ -7,13 +7,13 @@ live in-process runner) keeps *all* its ranks in worker processes instead; see `
 """
 from __future__ import annotations
 
-import os
 import threading
 from abc import ABC, abstractmethod
 from typing import Protocol, Self, cast
 
 import numpy as np
 
+from nv_engine import envs
 from nv_engine.core.step import StepInput, StepResult
 from nv_engine.executor.distributed import dist_in_use
 
@@ -50,10 +50,8 @@ def in_process_allowed(tensor_parallel_size: int) -> bool:
 
 
 def torchrun_world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
+    world_size = envs.world_size()
+    return 1 if world_size is None else world_size
 
 
 class Executor(ABC):

@@ -12,14 +12,16 @@ import torch.distributed as dist
 # torch.distributed re-exports these store classes from torch._C without declaring them public
 from torch.distributed import Store, TCPStore  # pyright: ignore[reportPrivateImportUsage]
 
+from nv_engine import envs
+from nv_engine.config.engine_config import DEFAULT_DISTRIBUTED_TIMEOUT_S
 from nv_layers.parallel_state import mark_tp_group_aborted
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNNER = "nv_engine.runner.model_runner:ModelRunner"
-# Upper bound for one collective (gloo honours it; NCCL's watchdog uses it). A dead worker is
-# normally noticed much sooner, through its process sentinel and closed pipe.
-DEFAULT_TIMEOUT_S = float(os.environ.get("NV_DIST_TIMEOUT_S", "600"))
+# Upper bound for one collective (gloo honours it; NCCL's watchdog uses it): the engine argument
+# distributed_timeout_s, this default where an executor is built without one.
+DEFAULT_TIMEOUT_S = DEFAULT_DISTRIBUTED_TIMEOUT_S
 
 
 def backend_for(device: str) -> str:
@@ -46,7 +48,7 @@ def share_cpu_threads(device: str, world_size: int) -> int | None:
     cores, the spinning starves the peer a collective waits for (measured: 100x slower steps on
     2 cores). An explicit OMP_NUM_THREADS (torchrun sets 1) is left alone. Returns the previous
     thread count when it changed it (None otherwise)."""
-    if str(device).startswith("cuda") or world_size <= 1 or "OMP_NUM_THREADS" in os.environ:
+    if str(device).startswith("cuda") or world_size <= 1 or envs.omp_num_threads_set():
         return None
     try:
         cores = len(os.sched_getaffinity(0))

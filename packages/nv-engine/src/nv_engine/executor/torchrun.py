@@ -14,11 +14,11 @@ step N ran out, and async scheduling would overlap nothing.
 from __future__ import annotations
 
 import datetime
-import os
 import traceback
 
 import torch.distributed as dist
 
+from nv_engine import envs
 from nv_engine.executor.base import RankConfig, RunnerSpec
 from nv_engine.executor.distributed import (
     DEFAULT_TIMEOUT_S,
@@ -34,12 +34,13 @@ class TorchrunExecutor(InProcessExecutor):
     def __init__(self, config: RankConfig, runner_cls: RunnerSpec = None, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         try:
-            world_size = int(os.environ["WORLD_SIZE"])
-            rank = int(os.environ["RANK"])
-            local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        except (KeyError, ValueError) as exc:
+            world_size, rank = envs.world_size(), envs.rank()
+        except ValueError as exc:
+            raise ValueError(f"TorchrunExecutor: {exc} (start the script with torchrun)") from exc
+        if rank is None or world_size is None:
             raise ValueError("TorchrunExecutor needs WORLD_SIZE and RANK in the environment "
-                             "(start the script with torchrun)") from exc
+                             "(start the script with torchrun)")
+        local_rank = envs.local_rank(rank)
         if config.tensor_parallel_size != world_size:
             raise ValueError(f"under torchrun tensor_parallel_size must equal WORLD_SIZE: got "
                              f"tensor_parallel_size={config.tensor_parallel_size}, WORLD_SIZE={world_size}")

@@ -6,12 +6,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nv_engine import envs
+
 # Files the engine needs from a hub snapshot (weights, config, tokenizer, chat template).
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 
 def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    return envs.hf_hub_offline()
 
 
 def resolve_model_path(model: str | os.PathLike, *, revision: str | None = None, cache_dir: str | None = None,

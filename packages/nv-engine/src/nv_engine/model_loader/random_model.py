@@ -8,13 +8,14 @@ is trained on a few sentences when one is wanted.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from nv_engine import envs
 
 SHAPES: dict[str, dict] = {
     # Qwen/Qwen3-0.6B's config.json (BENCHMARK.md's shape)
@@ -47,8 +48,7 @@ _CORPUS = [
 
 def nv_cache_dir() -> Path:
     """$XDG_CACHE_HOME/nv, or ~/.cache/nv."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nv"
+    return envs.cache_dir()
 
 
 def qwen3_config(shape: str, dtype: str = "bfloat16", **overrides):

@@ -73,7 +73,7 @@ class DummyStepProfiler:
         reserve = 0
         if not config.enforce_eager:
             activations = self._activation_bytes(self.config.max_num_seqs, logits=True)
-            mixed_sizes = mixed_graph_sizes(config.max_num_batched_tokens)   # one rank: the mixed graphs exist
+            mixed_sizes = mixed_graph_sizes(config.max_num_batched_tokens) if config.piecewise_graphs else []
             if mixed_sizes:   # the mixed-step graphs' pieces (no LM head) and their static buffers
                 activations += self._activation_bytes(mixed_sizes[-1], logits=False)
             reserve = graph_reserve(activations)
@@ -92,7 +92,7 @@ class DummyStepProfiler:
             lambda: self.dummy_prefill(config.max_num_batched_tokens, num_rows, sample=False)]
         if not config.enforce_eager:
             passes.append(lambda: self.dummy_decode(config.max_num_seqs, logits=True))
-            mixed_sizes = mixed_graph_sizes(config.max_num_batched_tokens)   # one rank: the mixed graphs exist
+            mixed_sizes = mixed_graph_sizes(config.max_num_batched_tokens) if config.piecewise_graphs else []
             if mixed_sizes:
                 passes.append(lambda: self.dummy_decode(mixed_sizes[-1], logits=False))
         ParallelTritonCompile.ahead(self.device, passes, "the first steps")

@@ -22,7 +22,6 @@ eagerly on the staged inputs.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,11 +32,6 @@ logger = logging.getLogger(__name__)
 
 # size -> the function that draws that size's ids [size] from the decode graph's hidden states
 HeadRun = Callable[[], torch.Tensor]
-
-
-def head_graphs_enabled() -> bool:
-    """False when NV_HEAD_GRAPHS=0: every decode step runs its LM head and sampler eagerly."""
-    return os.environ.get("NV_HEAD_GRAPHS", "1").strip().lower() not in ("0", "off", "false")
 
 
 class SampledHeadGraphs:

@@ -1,5 +1,5 @@
 """HostOnlyRunner: the ModelRunner's host side of a step without the model, for measuring the
-engine core's own per-step work (scripts/bench_core_step.py).
+engine core's own per-step work (benchmarks/bench_core_step.py).
 
 It stages each step's inputs as the ModelRunner does (InputStager: the CUDA-graph decode layout for
 pure decode steps, the eager layout otherwise; SamplingTensorsSource for the sampler's tensors) and

@@ -10,14 +10,10 @@ Idea from nano-vllm / vLLM's profile_run + determine_num_available_blocks.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-# CPU KV-cache budget in GiB (like vLLM's VLLM_CPU_KVCACHE_SPACE).
-CPU_KV_CACHE_ENV = "NV_CPU_KVCACHE_SPACE"
-DEFAULT_CPU_KV_CACHE_GIB = 4.0
 GRAPH_RESERVE_FACTOR = 1.25       # graph pools fragment a little more than eager allocation
 GRAPH_RESERVE_EXTRA = 128 << 20   # graph executables, per-size workspaces
 
@@ -51,12 +47,8 @@ def cuda_memory_state(device: torch.device) -> tuple[int, int]:
     return total, (total - free) - torch.cuda.memory_reserved(device)
 
 
-def cpu_num_blocks(block_bytes: int, max_num_seqs: int, max_blocks_per_seq: int) -> int:
-    """Blocks for every sequence at full length, capped by the CPU budget."""
-    try:
-        gib = float(os.environ.get(CPU_KV_CACHE_ENV, DEFAULT_CPU_KV_CACHE_GIB))
-    except ValueError:
-        raise ValueError(f"{CPU_KV_CACHE_ENV} must be a number of GiB, got "
-                         f"{os.environ[CPU_KV_CACHE_ENV]!r}") from None
+def cpu_num_blocks(block_bytes: int, max_num_seqs: int, max_blocks_per_seq: int, gib: float) -> int:
+    """Blocks for every sequence at full length, capped by the CPU budget of `gib` GiB
+    (EngineConfig.cpu_kv_cache_space_gib)."""
     budget_blocks = int(gib * (1 << 30)) // block_bytes
     return max(1, min(budget_blocks, max_num_seqs * max_blocks_per_seq))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,9 +43,7 @@ _SIZES = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
 def mixed_graph_sizes(max_num_batched_tokens: int) -> list[int]:
     """The padded token counts captured: 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, cut at
-    max_num_batched_tokens (itself included when below 2048). Empty when NV_MIXED_GRAPHS=0."""
-    if os.environ.get("NV_MIXED_GRAPHS", "1").strip().lower() in ("0", "off", "false"):
-        return []
+    max_num_batched_tokens (itself included when below 2048)."""
     limit = min(max_num_batched_tokens, MAX_TOKENS)
     return sorted({s for s in _SIZES if s < limit} | {limit})
 

@@ -16,7 +16,6 @@ in between: the next `launch` takes its input ids from this step's sampled ids.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,12 +25,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nv_engine import envs
 from nv_engine.config.engine_config import EngineConfig
 from nv_engine.core.step import PromptLogprobsResult, SamplingBatch, StepInput, StepResult
 from nv_engine.model_loader.registry import get_model_class
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KVCacheLayer
-from nv_engine.runner.head_graphs import HeadRun, SampledHeadGraphs, head_graphs_enabled
+from nv_engine.runner.head_graphs import HeadRun, SampledHeadGraphs
 from nv_engine.runner.input_stager import InputStager, StagedStep
 from nv_engine.runner.kv_scales import KVScaleSetter
 from nv_engine.runner.memory import cpu_num_blocks
@@ -40,6 +40,7 @@ from nv_engine.runner.prompt_logprobs_head import PromptLogprobsHead
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_kernels import get_backend
+from nv_kernels.fused_dispatch import set_fused_ops
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.kv_quant import is_fp8
 from nv_kernels.parallel_compile import ParallelTritonCompile
@@ -66,7 +67,7 @@ def runner_device(config: EngineConfig, rank: int) -> torch.device:
         return torch.device("cpu")
     if config.tensor_parallel_size == 1 and ":" in config.device:
         return torch.device(config.device)
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = envs.local_rank(rank)
     return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
 
 
@@ -82,6 +83,7 @@ class ModelRunner:
     # ---- construction ------------------------------------------------------------------------
     def __init__(self, config: EngineConfig, rank: int = 0) -> None:
         self.config, self.rank = config, rank
+        set_fused_ops(config.fused_ops)   # process-wide: every model this process builds after this
         self.device = runner_device(config, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -147,7 +149,7 @@ class ModelRunner:
             num_blocks = max(0, budget // self.kv_block_bytes())
         else:
             num_blocks = cpu_num_blocks(self.kv_block_bytes(), config.max_num_seqs,
-                                        config.max_blocks_per_seq)
+                                        config.max_blocks_per_seq, config.cpu_kv_cache_space_gib)
         num_blocks = self._agree_min(num_blocks)
         if num_blocks < 1:
             raise ValueError("no memory is left for the KV cache: raise gpu_memory_utilization "
@@ -205,13 +207,15 @@ class ModelRunner:
         hidden_size = self.config.hf_config.hidden_size
         self.graphs = DecodeGraphs(max_bs, hidden_size, self.config.dtype, self.device, emulate=emulate)
         stage_decode: Callable[[int], StagedStep] = lambda bs: self.stager.stage_decode(bs, None, dummy=True)  # noqa: E731
-        sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if get_tp_size() == 1 else []
-        if not sizes or (self.config.enforce_eager and not emulate_mixed):
+        # piecewise graphs of the steps that are not pure decode: one rank alone (cuda_graph_mode decides)
+        piecewise = get_tp_size() == 1 and self.config.piecewise_graphs
+        sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if piecewise else []
+        if self.config.enforce_eager and not emulate_mixed:
             sizes = []
         if not emulate and get_tp_size() == 1:     # a rank alone decides what to compile ahead (no collectives)
             self._compile_ahead([(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)])
         self.graphs.capture(*self._on_staged_inputs(stage_decode))
-        if get_tp_size() == 1 and head_graphs_enabled():
+        if get_tp_size() == 1:
             self.head_graphs = SampledHeadGraphs(self.graphs.sizes, self.device, emulate=emulate)
             self.head_graphs.capture(self._head_for_size, self.graphs.pool)
         if not sizes:

@@ -34,7 +34,6 @@ Rows without a grammar allow every token; finished rows too (their token is drop
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
@@ -62,15 +61,12 @@ RELEASE_WAIT_SECONDS = 0.05
 MATCHER_PROCESS_MIN_CORES = 4
 
 
-def matcher_process_wanted(on_cuda: bool) -> bool:
-    """Whether an engine keeps its grammar matchers in a process of their own (MatcherProcess): where
-    its runner is on CUDA (the step loop is bound by the host) and the host has MATCHER_PROCESS_MIN_CORES;
-    NV_GRAMMAR_MATCHER_PROCESS=1 / 0 decides instead."""
-    setting = os.environ.get("NV_GRAMMAR_MATCHER_PROCESS", "").strip().lower()
-    if setting in ("1", "on", "true"):
-        return True
-    if setting in ("0", "off", "false"):
-        return False
+def matcher_process_wanted(setting: bool | None, on_cuda: bool) -> bool:
+    """Whether an engine keeps its grammar matchers in a process of their own (MatcherProcess): `setting`
+    (EngineConfig.grammar_matcher_process) when given; else where its runner is on CUDA (the step loop is
+    bound by the host) and the host has MATCHER_PROCESS_MIN_CORES."""
+    if setting is not None:
+        return bool(setting)
     return on_cuda and usable_cores() >= MATCHER_PROCESS_MIN_CORES
 
 

@@ -2,7 +2,7 @@
 does and report TTFT, TPOT, ITL and E2E latency and the throughput, as a table and a JSON file.
 
 The client is never the bottleneck: the requests are dealt round-robin to several worker processes
-(bench_serve_client.BenchServeClient; they import aiohttp, not torch), each an asyncio loop with one
+(serve_client.BenchServeClient; they import aiohttp, not torch), each an asyncio loop with one
 aiohttp session, started together once every worker is ready. Arrival
 times are drawn once for the whole run (Poisson at --request-rate, or all at once) and
 --max-concurrency is split across the workers. The requests carry only OpenAI fields and vLLM's
@@ -25,6 +25,7 @@ from typing import IO, cast
 
 import numpy as np
 
+from nv_engine import envs
 from nv_engine.entrypoints.bench.serve_client import WORKER_BOOTSTRAP, BenchServeClient
 from nv_engine.entrypoints.bench.serve_dataset import BenchServeDataset
 from nv_engine.entrypoints.bench.serve_metrics import METRICS, BenchServeMetrics
@@ -38,7 +39,7 @@ def add_bench_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default="/v1/completions",
                    help="/v1/completions (token-id or text prompts) or /v1/chat/completions (text prompts)")
     p.add_argument("--model", help="the served model name (default: the first of GET /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+    p.add_argument("--api-key", default=envs.openai_api_key(),
                    help="bearer token (default: $OPENAI_API_KEY)")
     p.add_argument("--dataset-name", choices=("headline", "random", "jsonl"), default="headline",
                    help="headline: the requests of `nv bench throughput`; random: --random-* lengths; "

@@ -1,6 +1,6 @@
 """One worker process of `nv bench serve` (started with WORKER_BOOTSTRAP): an asyncio loop with one
 aiohttp.ClientSession that streams its share of the requests (SSE) at their arrival times, at most
-`max_concurrency` at a time, and records what it saw of each (bench_serve_types.RequestRecord).
+`max_concurrency` at a time, and records what it saw of each (serve_types.RequestRecord).
 aiohttp, not httpx: reading a stream costs httpx several times the CPU per chunk (measured with a
 profiler: a worker streaming 256 requests spent 75% of its time in httpx's read path), and a
 worker busy reading its first answers sends its later requests late, which reads as server TTFT.
@@ -31,7 +31,7 @@ from nv_engine.entrypoints.bench.serve_types import BenchServeRequest, ClientSet
 if TYPE_CHECKING:
     import aiohttp
 
-# `python -c WORKER_BOOTSTRAP`: a worker process that imports only this module, bench_serve_types and
+# `python -c WORKER_BOOTSTRAP`: a worker process that imports only this module, serve_types and
 # aiohttp. The nv_engine package's __init__ loads torch (seconds per process, far more on a busy machine),
 # so the package is registered without running it (its __path__ only), then this module runs.
 WORKER_BOOTSTRAP = """

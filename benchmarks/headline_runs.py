@@ -1,0 +1,59 @@
+"""The headline workload through the `LLM` API, twice in one process: run 1 is the first timed run after the
+engine starts (no warm-up: what a user's first batch sees), run 2 the second. Prints one JSON line.
+
+    python3 benchmarks/headline_runs.py TAG [SHAPE] [NUM_PROMPTS] [KV_CACHE_DTYPE]
+
+KV_CACHE_DTYPE: "auto" (default) or "fp8" / "fp8_e5m2" (the FP8 KV cache).
+
+Run it with every package's src dir on PYTHONPATH (scripts/dev/compare_trees.sh does, for two trees). It falls
+back to the module paths of trees from before nv_engine's regrouping (nv_engine.entrypoints.bench,
+nv_engine.checkpoints), so an older commit can be measured with this same script."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+try:
+    from nv_engine.entrypoints.bench.throughput import make_workload
+    from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
+except ImportError:   # trees before nv_engine's regrouping
+    from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint  # type: ignore[no-redef]
+    from nv_engine.entrypoints.bench import make_workload  # type: ignore[no-redef]
+from nv_engine import LLM, SamplingParams
+
+
+def main() -> None:
+    tag = sys.argv[1]
+    shape = sys.argv[2] if len(sys.argv) > 2 else "qwen3-0.6b"
+    num_prompts = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+    kv_cache_dtype = sys.argv[4] if len(sys.argv) > 4 else "auto"
+    model = str(nv_cache_dir() / f"bench-random-{shape}-bf16")
+    if not (Path(model) / "model.safetensors").exists():
+        write_random_checkpoint(model, shape, dtype="bfloat16")
+    started = time.perf_counter()
+    kv_kwargs = {} if kv_cache_dtype == "auto" else {"kv_cache_dtype": kv_cache_dtype}   # old trees lack it
+    llm = LLM(model, max_model_len=4096, **kv_kwargs)
+    result: dict[str, float | str] = {"tag": tag, "kv_cache_dtype": kv_cache_dtype,
+                                      "start_s": time.perf_counter() - started}
+    vocab = llm.config.hf_config.vocab_size
+    work = make_workload(num_prompts, (100, 1024), (100, 1024), max_token_id=min(10000, vocab - 1))
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in work.max_tokens]
+    for run in (1, 2):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        result[f"run{run}_output_tok_s"] = tokens / wall
+        result[f"run{run}_wall_s"] = wall
+    print("RESULT", json.dumps(result), flush=True)
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
