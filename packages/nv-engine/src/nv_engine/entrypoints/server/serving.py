@@ -87,17 +87,19 @@ class ServerState:
                 f"the length of the input.", param="prompt", code="context_length_exceeded")
 
     def resolve_max_tokens(self, requested: int | None, prompt_len: int, param: str = "max_tokens") -> int:
-        """The request's output budget; unset means "until the context is full" (as vLLM)."""
+        """The request's output budget: unset means "until the context is full" (as vLLM); the checkpoint's
+        generation-config max_new_tokens, where it sets one, caps every request (vLLM's server-wide limit)."""
         room = self.max_model_len - prompt_len
+        limit = self.default_sampling.get("max_tokens")
         if requested is None:
-            return room
+            return room if limit is None else max(0, min(room, int(limit)))
         if requested > room:
             raise APIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {prompt_len + requested} tokens ({prompt_len} in the input, {requested} in "
                 f"the completion). Please reduce the length of the input or of the completion.",
                 param=param, code="context_length_exceeded")
-        return requested
+        return requested if limit is None else min(requested, int(limit))
 
     def check_request(self, req: SamplingRequest, num_prompts: int) -> None:
         """Checks that need no tokenizer: n, prompts x n, stop strings (cheap, so done first)."""

