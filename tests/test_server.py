@@ -18,6 +18,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from server_process import wait_until_healthy  # noqa: E402
 
 from nv_engine.entrypoints.server.cli import build_app_for_engine, create_engine  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
@@ -289,16 +290,8 @@ def test_nv_serve_command_line(tiny_qwen3_dir: Path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "NV_API_KEY": ""})
     try:
-        deadline = time.monotonic() + 120     # two interpreters start: the server and its engine core
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "nv serve did not come up"
-            time.sleep(0.2)
+        # two interpreters start: the server and its engine core
+        wait_until_healthy(proc, f"http://127.0.0.1:{port}", 120, lambda: proc.stdout.read())
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                        json={"model": "cli-model", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

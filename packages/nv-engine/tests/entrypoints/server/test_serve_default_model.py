@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
+
+from server_process import wait_until_healthy  # noqa: E402
 
 from nv_engine.entrypoints import cli  # noqa: E402
 from nv_engine.entrypoints.server.cli import DEFAULT_SERVED_MODEL_NAME, resolve_model  # noqa: E402
@@ -47,17 +48,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                              "--uvicorn-log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240     # the GGUF's conversion, then two interpreters start
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"nv serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "nv serve did not come up"
-            time.sleep(0.2)
+        # the GGUF's conversion, then two interpreters start
+        wait_until_healthy(proc, url, 240, log_path.read_text)
         yield Served(url, cache)
     finally:
         proc.send_signal(signal.SIGINT)
