@@ -6,6 +6,8 @@
 - Each envs.py names every NV_* variable it reads in its docstring.
 - nv_engine's top level stays small (folders by concern, vLLM v1's layout), and nv-engine's tests mirror its
   folders.
+- Every maintained benchmark script is listed in benchmarks/README.md; scripts/ holds only the developer tools of
+  scripts/dev/.
 """
 from __future__ import annotations
 
@@ -160,3 +162,11 @@ def test_nv_engine_tests_mirror_its_folders():
     assert test_dirs, "nv-engine's tests are grouped in folders"
     unmatched = sorted(str(d) for d in test_dirs if not (ENGINE / d).is_dir())
     assert not unmatched, f"test folders that name no nv_engine folder: {unmatched}"
+
+
+def test_every_benchmark_script_is_listed_in_its_readme():
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh"))
+    assert scripts, "benchmarks/ holds the maintained benchmark scripts"
+    assert not [name for name in scripts if name not in readme], "benchmarks/README.md lists each script"
+    assert not [p.name for p in (ROOT / "scripts").iterdir() if p.is_file()], "scripts/ holds only dev/"
