@@ -232,3 +232,41 @@ def test_step_protocol_errors():
     empty = make().schedule()
     assert empty.scheduled == [] and not empty.is_pure_decode and empty.num_batched_tokens == 0
     assert make().postprocess(empty, []) == []
+
+
+@pytest.mark.parametrize("threshold", [0, 256])
+def test_a_long_prompt_arriving_mid_stream_holds_no_decode_back(threshold):
+    """Streams decoding when a 3,000-token prompt arrives: every step still decodes each of them (they are
+    scheduled first), and the prompt gets at most one chunk per step: the step budget, or
+    long_prefill_token_threshold when set; its chunks add up to the prompt and it then decodes too."""
+    budget = 1024
+    sched, model = make(max_num_batched_tokens=budget, long_prefill_token_threshold=threshold), FakeModel()
+    streams = [Sequence([i + 1] * 20, StopRules(max_tokens=200, ignore_eos=True), seq_id=i) for i in range(8)]
+    for seq in streams:
+        sched.add(seq)
+    while any(s.num_output_tokens == 0 for s in streams):
+        step(sched, model)                                       # every stream decoding
+    long_prompt = Sequence([9] * 3000, StopRules(max_tokens=4, ignore_eos=True), seq_id=100)
+    sched.add(long_prompt)
+    chunk_limit = threshold or budget
+    prefilled = 0
+    while long_prompt.num_output_tokens == 0:
+        before = {s.seq_id: s.num_output_tokens for s in streams}
+        out, _ = step(sched, model)
+        assert all(s.num_output_tokens == before[s.seq_id] + 1 for s in streams), "a stream skipped a step"
+        long_chunks = [n for seq_id, n in chunks(out) if seq_id == 100]
+        assert len(long_chunks) == 1 and long_chunks[0] <= min(chunk_limit, budget - len(streams))
+        prefilled += long_chunks[0]
+    assert prefilled == 3000
+    assert max(n for _, n in chunks(out)) <= chunk_limit
+
+
+def test_long_prefill_token_threshold_spreads_several_prompts_over_one_step():
+    """With the threshold, two long prompts share a step's budget instead of the oldest taking all of it."""
+    sched, model = make(max_num_batched_tokens=1024, long_prefill_token_threshold=300), FakeModel()
+    for i in range(3):
+        sched.add(Sequence([i + 1] * 800, StopRules(max_tokens=5), seq_id=i))
+    out, _ = step(sched, model)
+    assert chunks(out) == [(0, 300), (1, 300), (2, 300)]
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        make(long_prefill_token_threshold=-1)

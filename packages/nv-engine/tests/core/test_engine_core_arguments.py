@@ -1,4 +1,5 @@
-"""Engine arguments that the engine core hands on: the grammar matcher placement and the collective timeout."""
+"""Engine arguments that the engine core hands on: the grammar matcher placement, the collective timeout and the
+long-prefill threshold."""
 from __future__ import annotations
 
 import pytest
@@ -21,7 +22,7 @@ def test_grammar_matcher_process_setting_decides(monkeypatch, setting, on_cuda, 
     assert manager.matcher_process_wanted(setting, on_cuda) is wanted
 
 
-def test_engine_core_applies_both_arguments(tiny_model_dir, monkeypatch):
+def test_engine_core_applies_its_arguments(tiny_model_dir, monkeypatch):
     seen: dict[str, object] = {}
     real_create_executor = executor_package.create_executor
 
@@ -31,10 +32,12 @@ def test_engine_core_applies_both_arguments(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(executor_package, "create_executor", recording_create_executor)
     config = EngineArgs(str(tiny_model_dir), device="cpu", max_model_len=128, num_gpu_blocks_override=16,
-                        grammar_matcher_process=False, distributed_timeout_s=42.0).create_engine_config()
+                        grammar_matcher_process=False, distributed_timeout_s=42.0,
+                        long_prefill_token_threshold=48).create_engine_config()
     core = EngineCore(config, [0])
     try:
         assert seen["timeout_s"] == 42.0
         assert core.structured_outputs.use_matcher_process is False
+        assert core.scheduler.prefill_chunk_limit == 48
     finally:
         core.shutdown()

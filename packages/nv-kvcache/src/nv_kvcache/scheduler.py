@@ -7,6 +7,9 @@ One step (vLLM v1's policy):
 When a running sequence needs a block and none is free, the newest running sequence is preempted
 (blocks freed, num_computed_tokens = 0, back to the FRONT of waiting), possibly itself. A step that
 preempted admits nobody new. A preempted sequence later recomputes prompt + outputs and goes on.
+With long_prefill_token_threshold > 0 (vLLM's knob), no prompt gets more than that many tokens in one step, so a
+long prompt that arrives while streams decode is spread over several short steps instead of one long one; the
+running decodes are in every step either way (they are scheduled first).
 """
 from __future__ import annotations
 
@@ -34,7 +37,14 @@ def _positive_int(name: str, value: object) -> int:
 class Scheduler:
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
-                 enable_prefix_caching: bool = True, enable_kv_cache_events: bool = False) -> None:
+                 enable_prefix_caching: bool = True, enable_kv_cache_events: bool = False,
+                 long_prefill_token_threshold: int = 0) -> None:
+        if isinstance(long_prefill_token_threshold, bool) or not isinstance(long_prefill_token_threshold, int) \
+                or long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no limit), got "
+                             f"{long_prefill_token_threshold!r}")
+        # the most tokens one prompt gets in one step; the step's whole budget when 0
+        self.prefill_chunk_limit = long_prefill_token_threshold or max_num_batched_tokens
         self.max_num_seqs = _positive_int("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = _positive_int("max_num_batched_tokens", max_num_batched_tokens)
         self.max_model_len = _positive_int("max_model_len", max_model_len)
@@ -158,7 +168,7 @@ class Scheduler:
             if seq.status is not _RUNNING:      # preempted above
                 continue
             computed = seq.num_computed_tokens
-            n = min(len(seq.token_ids) - computed, budget)
+            n = min(len(seq.token_ids) - computed, budget, self.prefill_chunk_limit)
             if computed + n > len(seq.block_table) * bs:
                 reclaimed = self._grow(seq, computed + n, decodes, chunks, preempted)
                 if reclaimed < 0:
@@ -174,7 +184,7 @@ class Scheduler:
                 seq = waiting[0]
                 hits = [] if seq.skip_prefix_cache else bm.match_prefix(seq)
                 cached = len(hits) * bs
-                n = min(len(seq.token_ids) - cached, budget)
+                n = min(len(seq.token_ids) - cached, budget, self.prefill_chunk_limit)
                 if not bm.allocate(seq, cached + n, hits):
                     break                      # FCFS: nobody overtakes the head of the queue
                 waiting.popleft()

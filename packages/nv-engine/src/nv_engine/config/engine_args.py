@@ -110,6 +110,10 @@ class EngineArgs:
                                     type=int)
     max_num_batched_tokens: int | None = _arg(
         None, f"most tokens in one step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})", type=int)
+    long_prefill_token_threshold: int = _arg(
+        0, "most tokens one prompt is given per step (0: no limit but the step's budget). The step budget "
+        "(--max-num-batched-tokens) bounds how long a step, and so a streamed token's wait, can be; this bounds "
+        "one long prompt's share of it", type=int)
     enable_chunked_prefill: bool | None = _arg(
         None, "nv always splits long prompts over steps; off: the step budget grows to max_model_len so a "
         "prompt never has to be split", type=bool)
@@ -282,6 +286,7 @@ class EngineArgs:
             max_num_batched_tokens=(DEFAULT_MAX_NUM_BATCHED_TOKENS if max_num_batched_tokens is None
                                     else max_num_batched_tokens),
             block_size=DEFAULT_BLOCK_SIZE if self.block_size is None else self.block_size,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
             enable_prefix_caching=bool(self.enable_prefix_caching),
             gpu_memory_utilization=self.gpu_memory_utilization, cuda_graph_mode=self.resolved_cuda_graph_mode(),
             fused_ops=self.fused_ops, grammar_matcher_process=self.grammar_matcher_process,

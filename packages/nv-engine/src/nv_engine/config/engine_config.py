@@ -67,6 +67,7 @@ class EngineConfig:
     max_model_len: int = FALLBACK_MAX_MODEL_LEN
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    long_prefill_token_threshold: int = 0        # most tokens of one prompt per step; 0: the step's budget
     block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
@@ -104,6 +105,9 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                              f"{self.kv_cache_dtype!r}")
+        threshold = self.long_prefill_token_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no limit), got {threshold!r}")
         if self.cuda_graph_mode not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graph_mode must be one of {', '.join(CUDA_GRAPH_MODES)}, got "
                              f"{self.cuda_graph_mode!r}")

@@ -118,7 +118,8 @@ class EngineCore:
             num_blocks=self.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
             enable_prefix_caching=config.enable_prefix_caching,
-            enable_kv_cache_events=self.kv_event_publisher is not None)
+            enable_kv_cache_events=self.kv_event_publisher is not None,
+            long_prefill_token_threshold=config.long_prefill_token_threshold)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         # structured outputs: grammars compile off the step; the tokenizer is loaded at the first one
