@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import nv_engine.engine.async_llm
+from nv_engine.config.engine_args import EngineArgs
 from nv_engine.config.engine_config import EngineConfig
 from nv_engine.core.engine_core_codec import CoreMessageCodec
 from nv_engine.core.engine_core_message import CoreMessage
@@ -36,6 +37,7 @@ from nv_engine.core.engine_core_request import EngineCoreRequest
 from nv_engine.core.sequence_update import SequenceUpdate
 from nv_engine.core.stage_timer import StageTimer
 from nv_engine.engine.async_llm import AsyncLLM
+from nv_engine.model_loader.model_path import load_hf_config
 from nv_engine.model_loader.random_model import cached_random_model
 from nv_engine.sampling_params import SamplingParams
 from nv_kvcache import FinishReason
@@ -47,10 +49,12 @@ class FakeCoreClient:
     request that reports every token, else once when it finishes), and hands each step's outputs
     through the codec to `on_outputs`, timed as the real receiver times them."""
 
-    def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
+    def __init__(self, config: EngineConfig | EngineArgs, eos_token_ids: Iterable[int] | None, *,
                  on_outputs: Callable[[EngineCoreOutputs], None], on_dead: Callable[[str], None]) -> None:
+        """`config`: a resolved EngineConfig, or the EngineArgs that AsyncLLM starts its first core from."""
         del eos_token_ids, on_dead
-        self.vocab = int(config.hf_config.vocab_size) - 16
+        hf_config = config.hf_config if isinstance(config, EngineConfig) else load_hf_config(config.model)
+        self.vocab = int(hf_config.vocab_size) - 16
         self.on_outputs = on_outputs
         self.ready = {"num_blocks": 1 << 20, "pid": 0}
         self.timer = StageTimer("fake core outputs", "message", ("decode", "handle", "deliver"),
@@ -62,6 +66,10 @@ class FakeCoreClient:
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.thread.start()
+
+    def wait_ready(self, config: EngineConfig | None = None, eos_token_ids: Iterable[int] | None = None) -> None:
+        """Ready from the start (nothing to load)."""
+        del config, eos_token_ids
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
         with self.lock:

@@ -37,6 +37,7 @@ from nv_engine.core.engine_core_message import CoreMessage
 from nv_engine.core.engine_core_outputs import EngineCoreOutputs
 from nv_engine.core.engine_core_request import EngineCoreRequest
 from nv_engine.core.stage_timer import StageTimer
+from nv_engine.core.startup_heap import freeze_startup_heap
 from nv_engine.engine.engine_requests import eos_token_ids as eos_token_ids_of
 from nv_engine.engine.engine_requests import load_tokenizer
 
@@ -105,6 +106,7 @@ class EngineCoreProcess:
                 return
             parent = multiprocessing.parent_process()
             proc = EngineCoreProcess(core, inputs, outputs, parent.sentinel if parent is not None else None)
+            freeze_startup_heap("engine core")   # no full collection walks the model and imports between steps
             outputs.send(codec.encode(CoreMessage.READY, {
                 "num_blocks": core.num_blocks, "max_model_len": config.max_model_len,
                 "block_size": config.block_size, "eos_token_ids": sorted(core.eos_token_ids), "pid": os.getpid()}))

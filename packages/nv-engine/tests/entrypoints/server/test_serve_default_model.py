@@ -4,6 +4,7 @@ started as the README starts it, answers a chat question. Skipped when llm-smoll
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,6 +64,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     output = log_path.read_text()
     assert proc.returncode == 0, output[-3000:]
     assert "no model given: using SmolLM2-135M-Instruct" in output
+    # both processes froze their start-up heap before serving (no full collection walks it mid-stream)
+    for process in ("nv serve", "engine core"):
+        assert re.search(rf"{process}: \d+ start-up objects frozen", output), output[-3000:]
 
 
 def test_nv_serve_without_a_model_answers_a_chat_question(served: Served):

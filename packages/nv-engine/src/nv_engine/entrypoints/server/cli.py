@@ -14,6 +14,7 @@ from typing import Any
 from nv_engine import envs
 from nv_engine.config.engine_args import EngineArgs
 from nv_engine.config.logging_config import configure_logging
+from nv_engine.core.startup_heap import freeze_startup_heap
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.limits import ServerLimits
 
@@ -166,6 +167,7 @@ def run_server(args: argparse.Namespace) -> int:
     engine = create_async_llm(args.model, **engine_kwargs(args))
     server_imports.join()
     app = build_app_for_engine(engine, args)
+    freeze_startup_heap("nv serve")   # full collections would otherwise walk every start-up object mid-stream
     logger.info("serving %s on http://%s:%d", args.served_model_name or args.model, args.host, args.port)
     from nv_engine.entrypoints.server.draining_server import DrainingServer
 
