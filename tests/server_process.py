@@ -1,6 +1,7 @@
-"""A server started as a subprocess (`nv serve ...`), awaited until its /health answers 200."""
+"""A server started as a subprocess (`nv serve ...`): awaited until its /health answers 200, stopped as Ctrl-C does."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,3 +24,13 @@ def wait_until_healthy(proc: subprocess.Popen, url: str, timeout_s: float, outpu
         if time.monotonic() > deadline:
             raise AssertionError(f"the server did not come up in {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+def stop_with_sigint(proc: subprocess.Popen, timeout_s: float = 30) -> int:
+    """Stop the server as Ctrl-C does and return its exit status; kill it (and raise) if it outlives `timeout_s`."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise

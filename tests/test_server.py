@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from server_process import wait_until_healthy  # noqa: E402
+from server_process import stop_with_sigint, wait_until_healthy  # noqa: E402
 
 from nv_engine.entrypoints.server.cli import build_app_for_engine, create_engine  # noqa: E402
 from nv_engine.entrypoints.server.testing import serve_in_thread  # noqa: E402
@@ -296,10 +295,5 @@ def test_nv_serve_command_line(tiny_qwen3_dir: Path):
                        json={"model": "cli-model", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        stop_with_sigint(proc)
     assert proc.returncode == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from server_process import wait_until_healthy  # noqa: E402
+from server_process import stop_with_sigint, wait_until_healthy  # noqa: E402
 
 from nv_engine.entrypoints import cli  # noqa: E402
 from nv_engine.entrypoints.server.cli import DEFAULT_SERVED_MODEL_NAME, resolve_model  # noqa: E402
@@ -53,12 +52,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         wait_until_healthy(proc, url, 240, log_path.read_text)
         yield Served(url, cache)
     finally:
-        proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+            stop_with_sigint(proc)
         finally:
             log.close()
     output = log_path.read_text()
