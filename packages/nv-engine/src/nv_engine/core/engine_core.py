@@ -12,27 +12,25 @@ and applies token stop rules. A request with n > 1 is n sequences; the siblings 
 added once the first has computed the prompt, so they share its prompt blocks through the prefix
 cache.
 
-Async scheduling (every TP size): step N+1 is scheduled and launched before step N's ids
-come back. Step N is postprocessed with placeholder ids (lengths and max_tokens apply on time),
-the runner takes step N+1's input ids from step N's sampled ids on the device, and while the GPU
-runs step N+1 the core patches in step N's real ids, applies EOS / stop ids and builds the
-updates (a sequence a stop string ends computes an extra token or more, dropped). So the CPU work
-of a step hides behind the GPU work of the next. Requests with penalties (which need every output
-id on the host when sampling) turn it off while they run.
+Async scheduling (every TP size): step N+1 is scheduled and launched before step N's ids come back. Step N
+is postprocessed with placeholder ids (lengths and max_tokens apply on time), the runner takes step N+1's
+input ids from step N's sampled ids on the device, and while the GPU runs step N+1 the core patches in step
+N's real ids, applies EOS / stop ids and builds the updates (a sequence a stop string ends computes an extra
+token or more, dropped). So the CPU work of a step hides behind the GPU work of the next. Requests with
+penalties (which need every output id on the host when sampling) turn it off while they run.
 
-Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a
-worker thread), fills each step's token bitmask and advances the grammars with the sampled tokens;
-the core's calls into it (and GrammarSampling) are the lines marked "structured outputs". They keep
-async scheduling: step N+1's forward is launched before step N's ids are back, its sampling waits
-for the bitmask filled after them (GrammarSampling's docstring). Between the fill's start and that
-sampling the core reports step N, and the next `_step` postprocesses step N+1 with placeholders,
-schedules step N+2 and builds its inputs (`_prepare`): host work that needs no bitmask. Step N+2 is
-launched after step N+1 is sampled (its input ids are step N+1's). With the matcher process, step N's
+Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a worker thread),
+fills each step's token bitmask and advances the grammars with the sampled tokens; the core's calls into it (and
+GrammarSampling) are the lines marked "structured outputs". They keep async scheduling: step N+1's forward is
+launched before step N's ids are back, its sampling waits for the bitmask filled after them (GrammarSampling's
+docstring). Between the fill's start and that sampling the core reports step N, and the next `_step` postprocesses
+step N+1 with placeholders, schedules step N+2 and builds its inputs (`_prepare`): host work that needs no bitmask.
+Step N+2 is launched after step N+1 is sampled (its input ids are step N+1's). With the matcher process, step N's
 ids are sent to it before step N+1 is launched, so the launch overlaps the accepts and the fill too.
 
-After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had
-scheduled are aborted, the scheduled step is forgotten and every launched result is collected and
-dropped, so the next step starts clean.
+After any exception (KeyboardInterrupt included) inside `step()`, the requests of the steps it had scheduled
+are aborted, the scheduled step is forgotten and every launched result is collected and dropped: the next step
+starts clean.
 """
 from __future__ import annotations
 
@@ -97,7 +95,7 @@ class EngineCore:
         self.vocab_size = int(config.hf_config.vocab_size)
         self.record_timestamps = record_timestamps
         self.executor: Executor | None = (create_executor(config, timeout_s=config.distributed_timeout_s)
-                                               if executor is None else executor)
+                                          if executor is None else executor)
         try:
             self.num_blocks = int(self.executor.determine_num_blocks())
             self._check_kv_cache_holds_one_sequence()
@@ -129,10 +127,9 @@ class EngineCore:
             self.vocab_size, sorted(self.eos_token_ids),
             pin_memory=config.is_cuda and self.executor is not None and self.executor.shares_host_memory,
             max_rows=config.max_num_seqs)
-        # the matchers in a process of their own where the step loop is bound by the host (CUDA) and
-        # the host has cores to spare; the grammar_matcher_process argument decides instead
-        self.structured_outputs.use_matcher_process = matcher_process_wanted(config.grammar_matcher_process,
-                                                                             config.is_cuda)
+        # the matchers in a process of their own: as grammar_matcher_process says, else on CUDA with cores to spare
+        wanted = matcher_process_wanted(config.grammar_matcher_process, config.is_cuda)
+        self.structured_outputs.use_matcher_process = wanted
         self.grammar_sampling = GrammarSampling(self.structured_outputs)
         self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
                                      config.max_model_len, config.seed)   # the unfinished ones
