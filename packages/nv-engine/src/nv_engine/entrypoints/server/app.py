@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +20,7 @@ from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError, install_error_handlers
 from nv_engine.entrypoints.server.guard import RequestGuard
 from nv_engine.entrypoints.server.limits import ServerLimits
+from nv_engine.entrypoints.server.loop_lag import LoopLagWatcher
 from nv_engine.entrypoints.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from nv_engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from nv_engine.entrypoints.server.serving import ServerState
@@ -64,9 +66,15 @@ def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_p
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
+        server_logger = logging.getLogger("nv_engine.entrypoints.server")
+        watcher = LoopLagWatcher(server_logger) if server_logger.isEnabledFor(logging.DEBUG) else None
+        if watcher is not None:
+            watcher.start()          # the stream timeline's last hop (DEBUG: where tokens wait)
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.stop()
             state.engine.shutdown()
 
     app = FastAPI(title="nv", lifespan=lifespan, root_path=root_path)
