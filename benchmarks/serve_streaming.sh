@@ -2,8 +2,8 @@
 # How smoothly `nv serve` streams: TTFT / TPOT / ITL percentiles of vLLM's random workload (512 tokens in,
 # 256 out, 1,024 prompts, EOS ignored) at 256 streams (cold, then warm) and at 64 streams, on the random
 # Qwen3-0.6B-shaped bf16 checkpoint (with a tokenizer, so the server detokenizes as it would for a real model).
-#   bash benchmarks/serve_streaming.sh [OLD_COMMIT ...]
-# Each OLD_COMMIT is served and measured first, then this tree, on the same GPU with the same client.
+#   bash benchmarks/serve_streaming.sh [OLD_COMMIT|OLD_TREE_DIR ...]
+# Each older tree is served and measured first, then this tree, on the same GPU with the same client.
 # CLIENT=vllm measures with vLLM's own client (`vllm bench serve`; vLLM must be importable), otherwise with
 # `nv bench serve`. SERVE_ARGS adds `nv serve` arguments (e.g. "--max-num-batched-tokens 4096").
 # The server runs at NV_LOGGING_LEVEL=DEBUG, so serve_<tree>.log holds the per-stage timeline every 10 s:
@@ -68,9 +68,13 @@ measure() {   # tag tree-root
 }
 : > "$RESULTS/serve_streaming.log"
 for old in "$@"; do
-  tree=$(mktemp -d)
-  git -C "$ROOT" archive "$old" | tar -x -C "$tree"
-  measure "$old" "$tree"
-  rm -rf "$tree"
+  if [ -d "$old" ]; then
+    measure "$(basename "$old")" "$(cd "$old" && pwd)"
+  else
+    tree=$(mktemp -d)
+    git -C "$ROOT" archive "$old" | tar -x -C "$tree"
+    measure "$old" "$tree"
+    rm -rf "$tree"
+  fi
 done
 measure this "$ROOT"
