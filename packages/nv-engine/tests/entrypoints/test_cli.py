@@ -51,6 +51,22 @@ def test_fp8_kv_floor_reads_half_the_kv_bytes():
     assert fp8_floor["total_bytes"] / 1e12 == pytest.approx(1.22 + 13.85 / 2, rel=0.01)
 
 
+def test_tiny_nv_bench_with_an_fp8_cache_prints_the_fp8_floor(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    out_json = tmp_path / "bench.json"
+    assert cli.main(["bench", "--random-weights", "--shape", "tiny", "--num-prompts", "2", "--min-input-len", "8",
+                     "--max-input-len", "16", "--min-output-len", "4", "--max-output-len", "8", "--no-warmup",
+                     "--max-model-len", "64", "--device", "cpu", "--kv-cache-dtype", "fp8",
+                     "--json", str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    # the tiny shape: 4 layers x 2 KV heads x head_dim 32, K and V, 1 byte each
+    assert result["kv_cache_dtype"] == "torch.float8_e4m3fn" and result["kv_bytes_per_token"] == 4 * 2 * 32 * 2
+    work = make_workload(2, (8, 16), (4, 8), max_token_id=511)
+    reads = sum(out * len(p) + out * (out + 1) // 2 for p, out in zip(work.prompts, work.max_tokens, strict=True))
+    assert result["kv_bytes"] == reads * 4 * 2 * 32 * 2
+    assert "tokens of 512 bytes (torch.float8_e4m3fn)" in capsys.readouterr().out
+
+
 def test_nv_generate_random_weights_builds_a_random_qwen3(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cli.main(["generate", "Hello, my name is", "The capital of France is", "--max-tokens", "6",
