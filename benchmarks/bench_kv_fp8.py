@@ -1,10 +1,13 @@
 """FP8 KV cache against the default (bf16) cache on one GPU. Prints one JSON line per measurement.
 
-    python3 benchmarks/bench_kv_fp8.py decode-bw [--block-size 64]
+    python3 benchmarks/bench_kv_fp8.py decode-bw [--block-size 64] [--sweep]
         paged decode attention (Qwen3-0.6B shape: Hq 16, Hkv 8, D 128) at batch 256 x context 1024 and
         batch 64 x context 4096, bf16 vs FP8 cache (scales per tensor, and per (KV head, channel) as the
         engine calibrates them; V token-major as the engine stores it, and V laid out like K for
         comparison): KV bytes read / time, over the copy bandwidth.
+        --sweep: also times the engine's FP8 cache over the kernel's launch parameters (FP8_SWEEP: splits x
+        tile x num_warps x num_stages) and prints today's launch and the five fastest, each with its share of
+        the copy bandwidth (one JSON line each, "bench": "decode_bw_sweep").
     python3 benchmarks/bench_kv_fp8.py long [--shape qwen3-0.6b] [--num-prompts 64] [--prompt-len 3000]
                                          [--output-len 384]
         end to end through LLM.generate (random weights), auto vs fp8: output tok/s, KV blocks.
@@ -17,13 +20,19 @@ Run with every package's src dir on PYTHONPATH.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 
 import torch
 
+# decode-bw --sweep: (num_splits, tile, num_warps, num_stages) of triton_decode.decode_attention on the FP8 cache;
+# holds today's launch (decode_tuning's splits and FP8 tile, 4 warps, 2 stages) at both shapes
+FP8_SWEEP = list(itertools.product((1, 2, 4, 8), (32, 64, 128, 256), (4, 8), (2, 3, 4)))
+SWEEP_SHOWN = 5
 
-def decode_bandwidth(block_size: int) -> None:
+
+def decode_bandwidth(block_size: int, sweep: bool = False) -> None:
     import triton
     from triton.testing import do_bench
 
@@ -62,6 +71,40 @@ def decode_bandwidth(block_size: int) -> None:
                               "block_size": block_size, "ms": round(ms, 4),
                               "kv_gb_s": round(kv_bytes / (ms * 1e-3) / 1e9, 1),
                               "of_copy_bw": round(kv_bytes / (ms * 1e-3) / copy_bw, 3)}), flush=True)
+        if sweep:
+            kc, vc, scales = caches["fp8_e4m3_per_channel"]
+            sweep_fp8_launch((q, kc, vc, lens, table, context, d ** -0.5), scales, copy_bw)
+
+
+def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float) -> None:
+    """Time decode_attention(*args, **scales) at every FP8_SWEEP launch; print today's and the fastest."""
+    from triton.testing import do_bench
+
+    from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
+    from nv_kernels.triton_decode import decode_attention
+
+    q, k_cache = args[0], args[1]
+    batch, (_, block_size, hkv, d), context = q.shape[0], k_cache.shape, args[5]
+    kv_bytes = 2 * batch * context * hkv * d * k_cache.element_size()
+    today = dict(num_splits=choose_num_splits(batch, hkv, context, num_sms(q.device)),
+                 tile=choose_tile(block_size, d, fp8=True), num_warps=4, num_stages=2)
+    rows = []
+    for splits, tile, warps, stages in FP8_SWEEP:
+        config = dict(num_splits=splits, tile=tile, num_warps=warps, num_stages=stages)
+        try:
+            ms = do_bench(lambda config=config: decode_attention(*args, **scales, **config), warmup=10, rep=50,
+                          return_mode="median")
+        except Exception as exc:   # a launch that does not compile or fit (shared memory, registers)
+            print(f"  skip {config}: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
+            continue
+        rows.append((ms, config))
+    rows.sort(key=lambda row: row[0])
+    today_rows = [row for row in rows if row[1] == today]
+    for label, (ms, config) in [("today", row) for row in today_rows] + [("fastest", row)
+                                                                          for row in rows[:SWEEP_SHOWN]]:
+        print(json.dumps({"bench": "decode_bw_sweep", "which": label, "batch": batch, "context": context,
+                          "block_size": block_size, **config, "ms": round(ms, 4),
+                          "of_copy_bw": round(kv_bytes / (ms * 1e-3) / copy_bw, 3)}), flush=True)
 
 
 def long_contexts(shape: str, num_prompts: int, prompt_len: int, output_len: int) -> None:
@@ -127,11 +170,12 @@ def logprobs_closeness(gguf: str | None) -> None:
                       "check_logprobs_close": not violations}), flush=True)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     bw = sub.add_parser("decode-bw")
     bw.add_argument("--block-size", type=int, default=64)
+    bw.add_argument("--sweep", action="store_true", help="also sweep the FP8 decode kernel's launch parameters")
     long = sub.add_parser("long")
     long.add_argument("--shape", default="qwen3-0.6b")
     long.add_argument("--num-prompts", type=int, default=64)
@@ -139,9 +183,13 @@ def main() -> None:
     long.add_argument("--output-len", type=int, default=384)
     lp = sub.add_parser("logprobs")
     lp.add_argument("gguf", nargs="?")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.what == "decode-bw":
-        decode_bandwidth(args.block_size)
+        decode_bandwidth(args.block_size, args.sweep)
     elif args.what == "long":
         long_contexts(args.shape, args.num_prompts, args.prompt_len, args.output_len)
     else:

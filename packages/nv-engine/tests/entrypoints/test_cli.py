@@ -6,11 +6,18 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from nv_engine.entrypoints import cli
-from nv_engine.entrypoints.bench.throughput import SMALL_WARMUP_OUTPUT_TOKENS, floor_bytes, make_workload
+from nv_engine.entrypoints.bench.throughput import (
+    SMALL_WARMUP_OUTPUT_TOKENS,
+    floor_bytes,
+    kv_bytes_per_token,
+    make_workload,
+)
 from nv_engine.entrypoints.llm import LLM
 
 
@@ -27,6 +34,37 @@ def test_floor_matches_benchmark_md():
     assert floor["weight_bytes"] / 1e12 == pytest.approx(1.22, abs=0.01)
     assert floor["kv_bytes"] / 1e12 == pytest.approx(13.85, rel=0.01)
     assert floor["total_bytes"] / 1e12 == pytest.approx(15.07, rel=0.01)
+
+
+def test_fp8_kv_floor_reads_half_the_kv_bytes():
+    # Qwen3-0.6B's attention shape: 28 layers x 8 KV heads x head_dim 128
+    hf = SimpleNamespace(num_hidden_layers=28, num_key_value_heads=8, head_dim=128, hidden_size=1024,
+                         num_attention_heads=16)
+    bf16 = kv_bytes_per_token(hf, torch.bfloat16)
+    fp8 = kv_bytes_per_token(hf, torch.float8_e4m3fn)
+    assert (bf16, fp8) == (114_688, 57_344)
+    work = make_workload()
+    auto_floor = floor_bytes(work, 596_049_920 * 2, bf16, max_num_seqs=256)
+    fp8_floor = floor_bytes(work, 596_049_920 * 2, fp8, max_num_seqs=256)
+    assert fp8_floor["kv_bytes"] * 2 == auto_floor["kv_bytes"]
+    assert fp8_floor["weight_bytes"] == auto_floor["weight_bytes"]
+    assert fp8_floor["total_bytes"] / 1e12 == pytest.approx(1.22 + 13.85 / 2, rel=0.01)
+
+
+def test_tiny_nv_bench_with_an_fp8_cache_prints_the_fp8_floor(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    out_json = tmp_path / "bench.json"
+    assert cli.main(["bench", "--random-weights", "--shape", "tiny", "--num-prompts", "2", "--min-input-len", "8",
+                     "--max-input-len", "16", "--min-output-len", "4", "--max-output-len", "8", "--no-warmup",
+                     "--max-model-len", "64", "--device", "cpu", "--kv-cache-dtype", "fp8",
+                     "--json", str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    # the tiny shape: 4 layers x 2 KV heads x head_dim 32, K and V, 1 byte each
+    assert result["kv_cache_dtype"] == "torch.float8_e4m3fn" and result["kv_bytes_per_token"] == 4 * 2 * 32 * 2
+    work = make_workload(2, (8, 16), (4, 8), max_token_id=511)
+    reads = sum(out * len(p) + out * (out + 1) // 2 for p, out in zip(work.prompts, work.max_tokens, strict=True))
+    assert result["kv_bytes"] == reads * 4 * 2 * 32 * 2
+    assert "tokens of 512 bytes (torch.float8_e4m3fn)" in capsys.readouterr().out
 
 
 def test_nv_generate_random_weights_builds_a_random_qwen3(tmp_path, monkeypatch, capsys):

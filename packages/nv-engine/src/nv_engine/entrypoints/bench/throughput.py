@@ -7,7 +7,8 @@ every batch shape of the workload; elsewhere two short requests), then the timed
 included), its progress on stderr. The workload flags are checked before any checkpoint is written or
 loaded.
 Floor: every decode step reads all weights once, and every generated token reads the KV of its
-whole context; over the copy bandwidth measured in this process (read + write bytes / time).
+whole context (at the KV cache dtype's element size: an FP8 cache reads half a bf16 one's bytes);
+over the copy bandwidth measured in this process (read + write bytes / time).
 """
 from __future__ import annotations
 
@@ -93,6 +94,15 @@ def checkpoint_parameters(model_dir: str) -> int:
             for name in f.keys():
                 total += math.prod(f.get_slice(name).get_shape())
     return total
+
+
+def kv_bytes_per_token(hf_config: Any, kv_dtype: torch.dtype) -> int:
+    """Bytes of K and V one token stores (and every later token of its sequence reads) over all layers, at the
+    KV cache's element size (an FP8 cache: 1 byte; its per-layer scales are read once per step, not per
+    token, so they do not count)."""
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    itemsize = torch.empty(0, dtype=kv_dtype).element_size()
+    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * itemsize
 
 
 def floor_bytes(work: Workload, weight_bytes: int, kv_bytes_per_token: int, max_num_seqs: int) -> dict:
@@ -249,8 +259,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         wall = time.perf_counter() - start
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     itemsize = torch.empty(0, dtype=config.dtype).element_size()
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * itemsize
+    kv_per_token = kv_bytes_per_token(hf, config.kv_dtype)
     floor = floor_bytes(work, checkpoint_parameters(config.model) * itemsize, kv_per_token, config.max_num_seqs)
     floor_seconds = floor["total_bytes"] / bandwidth
     result = dict(
@@ -259,7 +268,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         prompt_tokens=work.prompt_tokens, output_tokens=output_tokens, copy_bandwidth_bytes_per_s=bandwidth,
         floor_s=floor_seconds, floor_output_tokens_per_s=output_tokens / floor_seconds,
         floor_ratio=floor_seconds / wall, **floor, device=torch.cuda.get_device_name(device)
-        if device.type == "cuda" else "cpu", dtype=str(config.dtype), torch=torch.__version__,
+        if device.type == "cuda" else "cpu", dtype=str(config.dtype),
+        kv_cache_dtype=str(config.kv_dtype), kv_bytes_per_token=kv_per_token, torch=torch.__version__,
         kv_cache_tokens=llm.llm_engine.num_blocks * config.block_size, timed_triton_compiles=jit.variants,
         warmup=warmup, warmup_triton_compiles=warmup_jit.variants)
     print(f"Throughput: {result['requests_per_s']:.2f} requests/s, {result['total_tokens_per_s']:.2f} "
@@ -271,7 +281,8 @@ def run_bench(args: argparse.Namespace) -> dict:
           f"{bandwidth / 1e12:.3f} TB/s copy bandwidth = {floor_seconds:.2f} s "
           f"({result['floor_output_tokens_per_s']:.0f} output tok/s); this run reaches "
           f"{result['floor_ratio']:.1%} of the floor")
-    print(f"KV cache: {result['kv_cache_tokens']} tokens; device {result['device']}, {result['dtype']}")
+    print(f"KV cache: {result['kv_cache_tokens']} tokens of {kv_per_token} bytes ({result['kv_cache_dtype']}); "
+          f"device {result['device']}, {result['dtype']}")
     print(f"Triton compiles in the benchmark's warm-up (after the engine's own): {len(warmup_jit.variants)}"
           + "".join(f"\n  {v}" for v in warmup_jit.variants))
     print(f"Triton compiles inside the timed run: {len(jit.variants)}"
@@ -283,4 +294,4 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 __all__ = ["Workload", "add_bench_arguments", "bench_arguments_error", "check_bench_arguments", "copy_bandwidth",
-           "floor_bytes", "make_workload", "run_bench"]
+           "floor_bytes", "kv_bytes_per_token", "make_workload", "run_bench"]

@@ -1,0 +1,35 @@
+"""benchmarks/bench_kv_fp8.py: its flags parse off a GPU, and decode-bw --sweep's grid holds today's FP8 launch."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from nv_kernels.decode_tuning import choose_num_splits, choose_tile
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kv_fp8.py"
+
+
+@pytest.fixture(scope="module")
+def bench_kv_fp8():
+    spec = importlib.util.spec_from_file_location("bench_kv_fp8", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_bw_sweep_parses(bench_kv_fp8) -> None:
+    args = bench_kv_fp8.build_parser().parse_args(["decode-bw", "--block-size", "32", "--sweep"])
+    assert (args.what, args.block_size, args.sweep) == ("decode-bw", 32, True)
+    assert bench_kv_fp8.build_parser().parse_args(["decode-bw"]).sweep is False
+
+
+@pytest.mark.parametrize("num_sms", [78, 132])            # H100 PCIe ... H100 SXM / H200
+@pytest.mark.parametrize("block_size", [16, 64, 256])
+@pytest.mark.parametrize(("batch", "context"), [(256, 1024), (64, 4096)])   # decode-bw's shapes
+def test_sweep_holds_todays_launch(bench_kv_fp8, num_sms: int, block_size: int, batch: int, context: int) -> None:
+    # today's launch: decode_attention's defaults on an FP8 cache (Qwen3-0.6B heads: Hkv 8, D 128)
+    today = (choose_num_splits(batch, 8, context, num_sms), choose_tile(block_size, 128, fp8=True), 4, 2)
+    assert today in bench_kv_fp8.FP8_SWEEP
