@@ -35,7 +35,8 @@ def test_quantizer_round_trip_and_layout() -> None:
     assert ((back - w).abs() <= w.abs() * 2 ** -4 + scale.max() * 2 ** -9).all()   # e4m3: 3 mantissa bits, RTN
 
 
-@pytest.mark.parametrize("m,n,k,bias", [(5, 3072, 1024, False), (1, 200, 300, True), (37, 130, 256, False)])
+@pytest.mark.parametrize("m,n,k,bias", [(5, 3072, 1024, False), (1, 200, 300, True), (37, 130, 256, False),
+                                         (130, 256, 200, False)])
 def test_kernel_matches_dequantize_then_matmul(kernel: ModuleType, m: int, n: int, k: int, bias: bool) -> None:
     from nv_kernels.fp8_block_gemm import fp8_block_gemm_triton
 

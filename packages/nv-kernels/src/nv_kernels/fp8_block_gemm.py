@@ -16,7 +16,16 @@ from torch import Tensor
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 GROUP = 128
-_BLOCK_N = 64          # output columns per program; divides GROUP so a tile never straddles two scale rows
+
+
+def _tile(m: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for m rows. BLOCK_N divides GROUP, so a tile never straddles two scale rows;
+    decode sizes take narrow tiles so that even N = 4096 spreads over more programs than a GPU has SMs."""
+    if m <= 16:
+        return 16, 32, 4
+    if m <= 64:
+        return 64, 64, 4
+    return 128, 128, 8
 
 
 def _pad_to(t: Tensor, rows: int, cols: int) -> Tensor:
@@ -68,11 +77,11 @@ def fp8_block_gemm_triton(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tenso
     m, k = flat.shape
     n = w_q.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block_m = 16 if m <= 16 else 64
-    grid = (-(-m // block_m), -(-n // _BLOCK_N))
+    block_m, block_n, num_warps = _tile(m)
+    grid = (-(-m // block_m), -(-n // block_n))
     fp8_block_gemm_kernel[grid](flat, w_q, scale_inv, bias if bias is not None else y, y, m, n, k,
                                 flat.stride(0), w_q.stride(0), scale_inv.stride(0), y.stride(0),
-                                HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=_BLOCK_N)
+                                HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return y.view(*x.shape[:-1], n)
 
 
