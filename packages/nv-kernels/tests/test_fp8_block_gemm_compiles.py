@@ -42,7 +42,7 @@ def _compile_all() -> None:
     w_q = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
     scale = torch.ones(n // 128, k // 128)
     for m in (1, 48, 512):
-        block_m, block_n, num_warps = fp8_block_gemm._tile(m)
+        block_m, block_n, num_warps = fp8_block_gemm.tile_shape(m)
         x, y = torch.zeros(m, k, dtype=torch.bfloat16), torch.empty(m, n, dtype=torch.bfloat16)
         args = (x, w_q, scale, y, y, m, n, k, x.stride(0), w_q.stride(0), scale.stride(0), y.stride(0))
         compiled = compile_for_gpu(fp8_block_gemm_kernel, args, dict(HAS_BIAS=False, BLOCK_M=block_m,

@@ -9,6 +9,8 @@ reference.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -18,7 +20,7 @@ FP8_MAX = 448.0
 GROUP = 128
 
 
-def _tile(m: int) -> tuple[int, int, int]:
+def tile_shape(m: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for m rows. BLOCK_N divides GROUP, so a tile never straddles two scale rows;
     decode sizes take narrow tiles so that even N = 4096 spreads over more programs than a GPU has SMs."""
     if m <= 16:
@@ -77,11 +79,12 @@ def fp8_block_gemm_triton(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tenso
     m, k = flat.shape
     n = w_q.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block_m, block_n, num_warps = _tile(m)
+    block_m, block_n, num_warps = tile_shape(m)
     grid = (-(-m // block_m), -(-n // block_n))
-    fp8_block_gemm_kernel[grid](flat, w_q, scale_inv, bias if bias is not None else y, y, m, n, k,
-                                flat.stride(0), w_q.stride(0), scale_inv.stride(0), y.stride(0),
-                                HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    kernel: Any = fp8_block_gemm_kernel          # launch options (num_warps) are not in the JIT function's type
+    kernel[grid](flat, w_q, scale_inv, bias if bias is not None else y, y, m, n, k,
+                 flat.stride(0), w_q.stride(0), scale_inv.stride(0), y.stride(0),
+                 HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return y.view(*x.shape[:-1], n)
 
 
