@@ -182,6 +182,8 @@ def quantize_linear_layers(model: nn.Module, quantization: str) -> None:
         for module in model.modules():
             if isinstance(module, LinearBase):
                 module.quantize_fp8_block()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()   # the unquantized weights' memory back to the device, for the KV cache to size into
 
 
 @contextlib.contextmanager
