@@ -91,7 +91,7 @@ def test_llm_rejects_an_unknown_keyword_listing_the_accepted_ones(tiny_model_dir
 
 # vLLM keyword -> a value nv accepts with vLLM's meaning
 ACCEPTED = [("trust_remote_code", False), ("revision", "main"), ("download_dir", "/tmp/x"),
-            ("hf_token", "hf_x"), ("tokenizer_revision", "main"), ("quantization", None),
+            ("hf_token", "hf_x"), ("tokenizer_revision", "main"), ("quantization", None), ("quantization", "fp8"),
             ("kv_cache_dtype", "auto"), ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", "fp8_e5m2"),
             ("calculate_kv_scales", True), ("enable_chunked_prefill", True), ("swap_space", 0),
             ("cpu_offload_gb", 0), ("speculative_config", None), ("enable_lora", False),

@@ -5,6 +5,12 @@ shard of a checkpoint tensor (a torch tensor or a lazy safetensors slice) into t
 Weights are [out, in] like nn.Linear. At decode batch sizes (at most 16 tokens, bf16 / fp16 on CUDA) the
 GEMM runs as nv_kernels.skinny_gemm, built to stream the weight once at the memory bandwidth; larger
 batches, other dtypes and CPU tensors use F.linear.
+
+`quantize_fp8_block()` turns a loaded layer into block-wise FP8 (nv_kernels.fp8_block_gemm): weight becomes
+float8_e4m3fn [out_local, in_local] with weight_scale_inv float32 [ceil(out_local/128), ceil(in_local/128)], the
+blocks cut from this rank's shard, and the GEMM becomes W8A8 (the Triton kernel on CUDA, dequantize + matmul in
+torch on CPU). Checkpoints that are FP8 already are dequantized as they load (nv_layers.loader), so every
+tensor-parallel split above works on plain tensors and the scales are always those of the local shard.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nv_kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_block
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
 from nv_layers.weights import WeightLike, check_shape, copy_checked, read_full, read_shard, set_weight_loader
@@ -19,6 +26,8 @@ from nv_layers.weights import WeightLike, check_shape, copy_checked, read_full, 
 
 class LinearBase(nn.Module):
     """Holds weight [out_local, in_local] and optional bias [out_local]; y = x W^T + b."""
+
+    weight_scale_inv: torch.Tensor | None = None   # block-FP8 scales once quantize_fp8_block ran, else None
 
     def __init__(self, in_local: int, out_local: int, bias: bool) -> None:
         super().__init__()
@@ -36,12 +45,22 @@ class LinearBase(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in_local] @ weight^T (+ bias) -> [..., out_local], on this rank only."""
+        if self.weight_scale_inv is not None:
+            return fp8_block_gemm(x, self.weight, self.weight_scale_inv, bias)
         if skinny_gemm_applies(x, self.weight, bias):
             return skinny_gemm(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         raise NotImplementedError
+
+    def quantize_fp8_block(self) -> None:
+        """Replace the loaded weight by its block-wise FP8 form (128 x 128 blocks of the local shard)."""
+        w_q, scale_inv = quantize_fp8_block(self.weight.data)
+        self.weight = nn.Parameter(w_q, requires_grad=False)
+        # a plain attribute, not a buffer: the class default keeps the unquantized path's lookup a fast one; the
+        # model is already on its device here, and the scales are made on the weight's
+        self.weight_scale_inv = scale_inv
 
 
 class ReplicatedLinear(LinearBase):

@@ -5,6 +5,12 @@ Checkpoint names map to parameters one to one, except those in `model.packed_mod
 nv_layers read only this rank's shard from disk (lazy safetensors slices). FP8 KV-cache scales are
 optional and go to the layer's Attention, named as vLLM reads them: `<attn>.k_scale` / `.v_scale` under
 `self_attn`, `self_attn.attn`, or `self_attn.k_proj` / `v_proj`, and the older `.kv_scale` (both).
+
+Block-FP8 checkpoints (Qwen3-FP8 / DeepSeek-V3 layout: `<linear>.weight` float8_e4m3fn [N, K] with
+`<linear>.weight_scale_inv` float32 [ceil(N/128), ceil(K/128)]) are dequantized tensor by tensor as they load, so
+the layers' tensor-parallel splits cut plain tensors; `build_model(..., quantization="fp8")` then quantizes each
+linear layer's local shard again in the same 128 x 128 blocks (for a checkpoint quantized so, amax / 448 per
+block, this gives back the checkpoint's codes).
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from nv_kernels.fp8_block_gemm import dequantize_fp8_block
 from nv_layers.attention import Attention
 from nv_layers.embedding import VocabParallelEmbedding
 from nv_layers.linear import LinearBase
@@ -26,6 +33,8 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)    # old checkpoints store rope buff
 _MAX_LISTED = 20
 KV_SCALE_NAMES = {"k_scale": ("k",), "v_scale": ("v",), "kv_scale": ("k", "v")}
 _KV_SCALE_OWNERS = ("attn", "k_proj", "v_proj")   # checkpoint modules a scale may hang under
+FP8_SCALE_SUFFIX = "_scale_inv"                   # `<linear>.weight_scale_inv` scales `<linear>.weight`
+QUANTIZATIONS = ("fp8",)                           # build_model's quantization values (None: as loaded)
 
 
 def _kv_scale_target(name: str, attentions: dict[str, Attention]) -> tuple[Attention, tuple[str, ...]] | None:
@@ -88,10 +97,14 @@ def load_safetensors(model: nn.Module, path: str | Path) -> None:
 
     plan: list[tuple[Path, str, str, object]] = []                 # (file, ckpt name, param, shard)
     unexpected: set[str] = set()
+    fp8_scales: dict[str, Path] = {}                                # weight name -> file holding its scale
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 if name in aliases or name.endswith(IGNORED_SUFFIXES):
+                    continue
+                if name.endswith(".weight" + FP8_SCALE_SUFFIX):
+                    fp8_scales[name.removesuffix(FP8_SCALE_SUFFIX)] = file
                     continue
                 scale_target = _kv_scale_target(name, attentions)
                 if scale_target is not None:
@@ -135,7 +148,10 @@ def load_safetensors(model: nn.Module, path: str | Path) -> None:
                 for name, param_name, shard_id in entries:
                     param = params[param_name]
                     loader: Callable[..., None] = getattr(param, "weight_loader", default_weight_loader)
-                    weight = f.get_slice(name) if _lazy_ok(loader) else f.get_tensor(name)
+                    if name in fp8_scales:
+                        weight = _dequantized(f.get_tensor(name), name, fp8_scales[name], param.dtype)
+                    else:
+                        weight = f.get_slice(name) if _lazy_ok(loader) else f.get_tensor(name)
                     try:
                         if shard_id is None:
                             loader(param, weight)
@@ -144,6 +160,30 @@ def load_safetensors(model: nn.Module, path: str | Path) -> None:
                     except ValueError as exc:   # shape checks: name the checkpoint tensor and file
                         raise ValueError(f"checkpoint tensor {name!r} in {file.name} does not fit parameter "
                                          f"{param_name!r}: {exc}") from exc
+
+
+def _dequantized(weight: torch.Tensor, name: str, scale_file: Path, dtype: torch.dtype) -> torch.Tensor:
+    """A block-FP8 checkpoint weight times its `weight_scale_inv`, in `dtype`."""
+    with safe_open(str(scale_file), framework="pt") as f:
+        scale_inv = f.get_tensor(name + FP8_SCALE_SUFFIX)
+    blocks = (-(-weight.shape[0] // 128), -(-weight.shape[1] // 128)) if weight.dim() == 2 else None
+    if weight.dtype != torch.float8_e4m3fn or tuple(scale_inv.shape) != blocks:
+        raise ValueError(f"checkpoint tensor {name!r}: block-FP8 weights are float8_e4m3fn [N, K] with scales "
+                         f"[ceil(N/128), ceil(K/128)]; found {weight.dtype} {tuple(weight.shape)} with scales "
+                         f"{tuple(scale_inv.shape)}")
+    return dequantize_fp8_block(weight, scale_inv, dtype)
+
+
+def quantize_linear_layers(model: nn.Module, quantization: str) -> None:
+    """Every nv_layers linear layer of `model` to `quantization` ("fp8": block-wise 128 x 128, W8A8)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization {quantization!r} is not one of {QUANTIZATIONS}")
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LinearBase):
+                module.quantize_fp8_block()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()   # the unquantized weights' memory back to the device, for the KV cache to size into
 
 
 @contextlib.contextmanager
@@ -158,12 +198,14 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_model(model_cls: type[nn.Module], config: Any, path: str | Path, *, dtype: torch.dtype | None = None,
-                device: str | torch.device | None = None) -> nn.Module:
+                device: str | torch.device | None = None, quantization: str | None = None) -> nn.Module:
     """model_cls(config) created directly in `dtype` on `device` (default: torch's), then
-    load_safetensors(path); returned in eval mode."""
+    load_safetensors(path) and, with `quantization`, quantize_linear_layers; returned in eval mode."""
     place = contextlib.nullcontext() if device is None else torch.device(device)
     with default_dtype(dtype or torch.get_default_dtype()), place:
         model = model_cls(config)
     load_safetensors(model, path)
+    if quantization is not None:
+        quantize_linear_layers(model, quantization)
     return model.eval()
 

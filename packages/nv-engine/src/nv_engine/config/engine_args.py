@@ -32,6 +32,7 @@ from nv_engine.config.engine_config import (
     resolve_max_model_len,
 )
 from nv_engine.config.kv_events_config import KVEventsConfig
+from nv_engine.config.quantization import QUANTIZATION_CHOICES, resolve_quantization
 from nv_engine.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,10 @@ class EngineArgs:
     hf_token: bool | str | None = _arg(None, "Hugging Face token for hub downloads (default: the stored login)")
     dtype: str | torch.dtype = _arg("auto", "auto (the checkpoint's dtype on GPU, float32 on CPU), float32, "
                                     "bfloat16 or float16")
-    quantization: str | None = _arg(None, "weight quantization; nv runs unquantized weights only (a .gguf "
-                                    "model is dequantized when loaded)")
+    quantization: str | None = _arg(None, "weight quantization: 'fp8' (block-wise 128x128 FP8 weights, "
+                                    "W8A8; on an unquantized checkpoint: quantized when loaded) or None (as the "
+                                    "checkpoint is; a .gguf model is dequantized when loaded)",
+                                    choices=list(QUANTIZATION_CHOICES))
     max_model_len: int | None = _arg(None, "longest prompt + output in tokens (default: the model's "
                                      "context length)", type=int)
     generation_config: str = _arg("auto", "'auto': the checkpoint's generation_config.json gives the "
@@ -152,9 +155,9 @@ class EngineArgs:
                                   "nv supports natively (leave trust_remote_code False)"),
             "tokenizer_mode": (self.tokenizer_mode != "auto",
                                "nv loads tokenizers with transformers' AutoTokenizer; use 'auto'"),
-            "quantization": (self.quantization is not None,
-                             "nv runs unquantized weights (a .gguf model is dequantized when loaded); "
-                             "leave quantization None"),
+            "quantization": (self.quantization not in (None, *QUANTIZATION_CHOICES),
+                             f"nv runs {', '.join(QUANTIZATION_CHOICES)} (block-wise FP8 weights) or None (as "
+                             "the checkpoint is)"),
             "pipeline_parallel_size": (self.pipeline_parallel_size != 1,
                                        "nv has no pipeline parallelism; use tensor_parallel_size"),
             "distributed_executor_backend": (self.distributed_executor_backend not in (None, "mp"),
@@ -296,6 +299,7 @@ class EngineArgs:
             generation_config=generation_config, max_logprobs=self.max_logprobs,
             disable_log_stats=bool(self.disable_log_stats),
             disable_custom_all_reduce=bool(self.disable_custom_all_reduce), kv_events_config=kv_events_config,
-            kv_cache_dtype=self.kv_cache_dtype, calculate_kv_scales=self.calculate_kv_scales)
+            kv_cache_dtype=self.kv_cache_dtype, calculate_kv_scales=self.calculate_kv_scales,
+            quantization=resolve_quantization(self.quantization, hf_config))
         config.validate()
         return config

@@ -90,7 +90,8 @@ class ModelRunner:
         self.is_driver = get_tp_rank() == 0
         torch.manual_seed(config.seed)
         self.model = cast(CausalLM, build_model(get_model_class(config.hf_config), config.hf_config, config.model,
-                                                dtype=config.dtype, device=self.device))
+                                                dtype=config.dtype, device=self.device,
+                                                quantization=config.quantization))
         # the symmetric-memory all-reduce: collective over the TP group, before any graph capture
         self.owns_custom_all_reduce = (not config.disable_custom_all_reduce
                                        and init_custom_all_reduce(self.device, config.dtype))

@@ -1,0 +1,40 @@
+"""Quantized copies of tiny test checkpoints, written as the public formats lay them out (tests use them).
+
+Block FP8 (Qwen3-FP8 / DeepSeek-V3): every decoder projection `<name>.weight` becomes float8_e4m3fn [N, K] plus
+`<name>.weight_scale_inv` float32 [ceil(N/128), ceil(K/128)] (round to nearest, scale = block amax / 448), and
+config.json gains quantization_config {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+"weight_block_size": [128, 128]}. Embeddings, norms and the LM head stay as they are.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from nv_kernels.fp8_block_gemm import quantize_fp8_block
+
+FP8_QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                           "weight_block_size": [128, 128]}
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_fp8_block_checkpoint(src: Path, dst: Path, quantization_config: dict | None = None) -> Path:
+    """A copy of the checkpoint `src` in `dst` with its projections block-FP8 quantized."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for file in src.iterdir():
+        if file.suffix != ".safetensors" and file.is_file():
+            shutil.copy(file, dst / file.name)
+    for file in src.glob("*.safetensors"):
+        tensors = {}
+        for name, tensor in load_file(str(file)).items():
+            if name.endswith(".weight") and name.split(".")[-2] in _PROJECTIONS:
+                tensors[name], tensors[name + "_scale_inv"] = quantize_fp8_block(tensor)
+            else:
+                tensors[name] = tensor
+        save_file(tensors, str(dst / file.name), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = quantization_config or FP8_QUANTIZATION_CONFIG
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
