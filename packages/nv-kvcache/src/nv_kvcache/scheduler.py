@@ -217,7 +217,8 @@ class Scheduler:
                 budget -= n
 
         decodes.extend(chunks)
-        out = SchedulerOutput(decodes, preempted, self.max_num_batched_tokens - budget)
+        drafted = sum([len(entry.seq.spec_token_ids) for entry in decodes]) if drafting else 0
+        out = SchedulerOutput(decodes, preempted, self.max_num_batched_tokens - budget, drafted)
         if decodes:
             self._pending = out
             self.num_steps += 1
