@@ -38,3 +38,44 @@ def test_tiny_checkpoint_greedy_is_identical(tiny_qwen3_dir, kwargs):
     assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
     if "num_gpu_blocks_override" in kwargs:
         assert stats.num_preemptions > 0
+
+
+def test_smollm2_greedy_is_identical(smollm2_dir):
+    llm_prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a +",
+                   "The cat sat on the mat. The cat sat on the mat. The cat sat"]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    prompts = [tokenizer(p)["input_ids"] for p in llm_prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    reference, _ = generate(smollm2_dir, prompts, params, max_model_len=256)
+    spec, stats = generate(smollm2_dir, prompts, params, max_model_len=256, speculative_config=NGRAM)
+    assert spec == reference
+    assert stats.num_accepted_tokens > 0
+
+
+def test_seeded_sampling_with_drafts_is_reproducible_and_respects_max_tokens(tiny_qwen3_dir):
+    params = SamplingParams(temperature=0.8, top_k=20, seed=5, max_tokens=17, ignore_eos=True)
+    prompts = repetitive_prompts(200)
+    first, stats = generate(tiny_qwen3_dir, prompts, params, speculative_config=NGRAM)
+    again, _ = generate(tiny_qwen3_dir, prompts, params, speculative_config=NGRAM)
+    assert first == again and all(len(tokens) == 17 for tokens in first)
+    assert stats.num_draft_tokens > 0
+
+
+def test_no_drafts_while_a_request_wants_logprobs(tiny_qwen3_dir):
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+    _, stats = generate(tiny_qwen3_dir, repetitive_prompts(200), params, speculative_config=NGRAM)
+    assert stats.num_draft_tokens == 0
+
+
+def test_serve_flag_parses():
+    import argparse
+
+    from nv_engine.entrypoints.server.cli import add_serve_parser, engine_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
+    kwargs = engine_kwargs(args)
+    assert kwargs["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4}
