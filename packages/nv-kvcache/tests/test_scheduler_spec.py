@@ -71,7 +71,7 @@ PROMPTS = [[(i * 7 + j) % 11 for j in range(3 + i)] for i in range(6)]
 
 @pytest.mark.parametrize(("num_blocks", "caching"), [(64, False), (64, True), (14, True), (14, False)])
 def test_speculative_outputs_equal_plain_outputs(num_blocks, caching):
-    rules = StopRules(max_tokens=40, eos_token_ids={49})
+    rules = StopRules(max_tokens=40, eos_token_ids=frozenset({49}))
     def make(**spec):
         return Scheduler(num_blocks=num_blocks, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
                          max_model_len=128, enable_prefix_caching=caching, **spec)
