@@ -10,10 +10,18 @@ preempted admits nobody new. A preempted sequence later recomputes prompt + outp
 With long_prefill_token_threshold > 0 (vLLM's knob), no prompt gets more than that many tokens in one step, so a
 long prompt that arrives while streams decode is spread over several short steps instead of one long one; the
 running decodes are in every step either way (they are scheduled first).
+
+Speculative decoding (a `propose` callable; vLLM v1's scheme): in a step with at most spec_max_batch_size running
+sequences, each decode also computes the draft tokens `propose(token_ids, most)` returns (seq.spec_token_ids),
+budgeted and given blocks like any token. postprocess_runs then appends each sequence's emitted run (accepted
+drafts plus one token) and advances num_computed_tokens by 1 + accepted only, so the KV slots of rejected drafts
+are written over later. A preempted sequence drops its drafts.
 """
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 
 from nv_kvcache.block_manager import BlockManager
 from nv_kvcache.kv_cache_events import KVCacheEvent
@@ -38,7 +46,8 @@ class Scheduler:
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
                  enable_prefix_caching: bool = True, enable_kv_cache_events: bool = False,
-                 long_prefill_token_threshold: int = 0) -> None:
+                 long_prefill_token_threshold: int = 0,
+                 propose: Callable[[list[int], int], list[int]] | None = None, spec_max_batch_size: int = 0) -> None:
         if isinstance(long_prefill_token_threshold, bool) or not isinstance(long_prefill_token_threshold, int) \
                 or long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no limit), got "
@@ -56,6 +65,12 @@ class Scheduler:
         self._pending: SchedulerOutput | None = None   # scheduled, not yet postprocessed
         self.num_preemptions = 0                 # cumulative, for stats()
         self.num_steps = 0
+        # speculative decoding: propose(token_ids, most) -> at most `most` draft tokens; drafts only in steps
+        # with at most spec_max_batch_size running sequences
+        self._propose = propose
+        self.spec_max_batch_size = spec_max_batch_size
+        self.num_draft_tokens = 0                # cumulative, for stats()
+        self.num_accepted_tokens = 0
 
     # ---- queries -----------------------------------------------------------------------------
     @property
@@ -76,7 +91,8 @@ class Scheduler:
         """Queue lengths, KV usage and the cumulative prefix-cache and preemption counters (O(1))."""
         bm = self.block_manager
         return SchedulerStats(len(self.running), len(self.waiting), bm.usage, bm.num_query_tokens,
-                              bm.num_hit_tokens, self.num_preemptions)
+                              bm.num_hit_tokens, self.num_preemptions, self.num_draft_tokens,
+                              self.num_accepted_tokens)
 
     def take_kv_events(self) -> list[KVCacheEvent]:
         """The block manager's prefix-cache events since the last call (recorded only when the
@@ -140,7 +156,8 @@ class Scheduler:
         preempted: list[Sequence] = []
         partial: list[Sequence] = []     # running sequences still prefilling
 
-        # 1. decodes, oldest first
+        # 1. decodes, oldest first (with draft tokens when speculating this step)
+        drafting = self._propose is not None and len(running) <= self.spec_max_batch_size
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -149,17 +166,21 @@ class Scheduler:
             if len(seq.token_ids) - computed != 1:
                 partial.append(seq)
                 continue
-            if computed >= len(seq.block_table) * bs:
-                reclaimed = self._grow(seq, computed + 1, decodes, chunks, preempted)
+            num_new = 1 + self._draft(seq, budget) if drafting else 1
+            if computed + num_new > len(seq.block_table) * bs:
+                reclaimed = self._grow(seq, computed + num_new, decodes, chunks, preempted)
                 if reclaimed < 0:
                     break      # seq preempted itself: it was the newest, nothing is left after it
                 budget += reclaimed
-            entry = seq._decode_entry
-            if entry is None:
-                # sequence.py cannot name ScheduledSeq (scheduler_output imports it): its slot is typed None
-                entry = seq._decode_entry = ScheduledSeq(seq, 1, True)  # pyright: ignore[reportAttributeAccessIssue]
+            if num_new > 1:
+                entry = ScheduledSeq(seq, num_new, True)
+            else:
+                entry = seq._decode_entry
+                if entry is None:
+                    # sequence.py cannot name ScheduledSeq (scheduler_output imports it): its slot is typed None
+                    entry = seq._decode_entry = ScheduledSeq(seq, 1, True)  # pyright: ignore[reportAttributeAccessIssue]
             decodes.append(entry)
-            budget -= 1
+            budget -= num_new
 
         # 2. prefill chunks of running, partially prefilled sequences
         for seq in partial:
@@ -196,11 +217,20 @@ class Scheduler:
                 budget -= n
 
         decodes.extend(chunks)
-        out = SchedulerOutput(decodes, preempted, self.max_num_batched_tokens - budget)
+        drafted = sum([len(entry.seq.spec_token_ids) for entry in decodes]) if drafting else 0
+        out = SchedulerOutput(decodes, preempted, self.max_num_batched_tokens - budget, drafted)
         if decodes:
             self._pending = out
             self.num_steps += 1
         return out
+
+    def _draft(self, seq: Sequence, budget: int) -> int:
+        """Propose seq's drafts (seq.spec_token_ids); their count. They fit the budget after seq's own token, and
+        the emitted run (accepted + 1) cannot pass the length limit."""
+        most = min(budget - 1, seq._length_limit - len(seq.token_ids) - 1)
+        drafts = self._propose(seq.token_ids, most) if most > 0 and self._propose is not None else []
+        seq.spec_token_ids = drafts
+        return len(drafts)
 
     def _grow(self, seq: Sequence, num_tokens: int, decodes: list[ScheduledSeq],
               chunks: list[ScheduledSeq], preempted: list[Sequence]) -> int:
@@ -227,6 +257,7 @@ class Scheduler:
                     del entries[j]
                     break
         self.block_manager.free(seq)
+        seq.spec_token_ids = []
         seq.status = _WAITING
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
@@ -277,6 +308,61 @@ class Scheduler:
             elif len(tokens) >= seq._length_limit:     # max_tokens outputs or max_model_len tokens
                 reason = FinishReason.LENGTH
             else:
+                continue
+            seq.status = _FINISHED
+            seq.finish_reason = reason
+            bm.free(seq)
+            del self._seqs[seq.seq_id]
+            finished.append(seq)
+        if finished:
+            self.running = [s for s in self.running if s.status is _RUNNING]
+        return finished
+
+    def postprocess_runs(self, out: SchedulerOutput, runs: Seq[Seq[int]]) -> list[Sequence]:
+        """postprocess for a step that may verify drafts (synchronous only: no placeholders). runs, aligned with
+        out.sampling: each sequence's emitted tokens (accepted drafts, then one recovered / bonus token), cut at
+        the first that stops the sequence or reaches its length limit. Returns the sequences that finished."""
+        if len(runs) != len(out.sampling):
+            raise ValueError(f"got {len(runs)} token runs for {len(out.sampling)} sampling sequences")
+        if not out.scheduled:
+            return []
+        if out is not self._pending:
+            raise ValueError("postprocess_runs() takes the SchedulerOutput of the latest schedule() call")
+        self._pending = None
+        bm = self.block_manager
+        caching = bm.enable_prefix_caching
+        bs = self.block_size
+        finished: list[Sequence] = []
+        run_of = iter(runs)
+        for entry in out.scheduled:
+            seq = entry.seq
+            run = next(run_of) if entry.samples else None
+            num_drafts = len(seq.spec_token_ids)
+            seq.spec_token_ids = []
+            if seq.status is not _RUNNING:     # finished / aborted between schedule and now
+                continue
+            if run is None:
+                run = ()
+            elif not 1 <= len(run) <= num_drafts + 1:
+                raise ValueError(f"sequence {seq.seq_id}: a run of {len(run)} tokens after {num_drafts} drafts")
+            accepted = max(len(run) - 1, 0)
+            self.num_draft_tokens += num_drafts
+            self.num_accepted_tokens += accepted
+            # the tokens whose KV this step wrote validly: the chunk minus the rejected drafts
+            seq.num_computed_tokens += entry.num_new_tokens - num_drafts + accepted
+            reason = None
+            for token_id in run:
+                seq.append_token(token_id)
+                if token_id in seq._stop_ids and seq.stopped_by_token():
+                    reason = FinishReason.STOP
+                elif len(seq.token_ids) >= seq._length_limit:
+                    reason = FinishReason.LENGTH
+                else:
+                    continue
+                break
+            if reason is None:
+                if caching and seq.num_computed_tokens >= (seq._num_hashed_blocks + 1) * bs:
+                    bm.cache_full_blocks(seq)
                 continue
             seq.status = _FINISHED
             seq.finish_reason = reason

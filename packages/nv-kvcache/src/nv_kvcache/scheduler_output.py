@@ -25,6 +25,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq]   # decodes first, then prefill chunks (running, then new), stable
     preempted: list[Sequence]       # sent back to waiting while scheduling this step
     num_batched_tokens: int
+    num_draft_tokens: int = 0       # speculative decoding: draft tokens among them (the entries' seq.spec_token_ids)
 
     @cached_property
     def sampling(self) -> list[ScheduledSeq]:

@@ -78,7 +78,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "prompt_token_ids", "output_token_ids", "token_ids", "status", "finish_reason",
         "stop_token_id", "num_computed_tokens", "num_cached_tokens", "block_table", "rules",
-        "num_preemptions", "skip_prefix_cache",
+        "num_preemptions", "skip_prefix_cache", "spec_token_ids",
         # private, owned by the block manager / scheduler
         "_block_hashes", "_num_hashed_blocks", "_stop_ids", "_decode_entry", "_length_limit",
     )
@@ -114,6 +114,9 @@ class Sequence:
         # True: never admitted onto cached prefix blocks, so every prompt position is computed (a
         # request that wants the prompt's logprobs); its own blocks are still cached for others.
         self.skip_prefix_cache = False
+        # speculative decoding: the draft tokens scheduled after token_ids in the current step (verified with
+        # it; not part of token_ids); empty outside a step that drafts for this sequence
+        self.spec_token_ids: list[int] = []
         self._block_hashes: list[int] = []   # chained hashes of full blocks of token_ids, a prefix
         self._num_hashed_blocks = 0          # leading blocks of block_table registered in the cache
         self._stop_ids = rules.stopping_ids

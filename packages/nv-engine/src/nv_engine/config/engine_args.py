@@ -33,6 +33,7 @@ from nv_engine.config.engine_config import (
 )
 from nv_engine.config.kv_events_config import KVEventsConfig
 from nv_engine.config.quantization import QUANTIZATION_CHOICES, resolve_quantization
+from nv_engine.config.speculative_config import SpeculativeConfig
 from nv_engine.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
@@ -141,9 +142,11 @@ class EngineArgs:
     kv_events_config: KVEventsConfig | dict[str, Any] | str | None = _arg(
         None, 'KV-cache events for KV-aware routers, JSON: {"enable_kv_cache_events": true, "publisher": '
         '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"} (default: off)', type=json.loads)
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = _arg(
+        None, 'speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
+        '"prompt_lookup_max": 4, "max_batch_size": 32} (no drafts in steps with more running sequences; '
+        'default: off)', type=json.loads)
     # ---- features nv does not have -----------------------------------------------------------
-    speculative_config: dict[str, Any] | None = _arg(None, "only unset: nv has no speculative decoding",
-                                                     type=json.loads)
     enable_lora: bool = _arg(False, "only off: nv has no LoRA adapters", type=bool)
     max_lora_rank: int = _arg(16, "accepted for compatibility; no effect (no LoRA)", type=int)
 
@@ -165,8 +168,6 @@ class EngineArgs:
                                              "'mp' or leave it unset"),
             "cpu_offload_gb": (self.cpu_offload_gb != 0,
                                "nv keeps every weight on the device; use 0"),
-            "speculative_config": (self.speculative_config is not None,
-                                   "nv has no speculative decoding; leave it None"),
             "enable_lora": (self.enable_lora is True, "nv has no LoRA adapters; leave it False"),
         }
         for name, (refused, why) in refusals.items():
@@ -190,6 +191,7 @@ class EngineArgs:
         if self.enforce_eager and self.cuda_graph_mode not in (None, "none"):
             raise ValueError(f"enforce_eager=True and cuda_graph_mode={self.cuda_graph_mode!r} contradict each "
                              "other; give one of them")
+        SpeculativeConfig.from_value(self.speculative_config)      # ValueError naming the problem, now
         if self.swap_space != DEFAULT_SWAP_SPACE_GIB:
             logger.warning("swap_space=%s is ignored: nv preempts by recomputing, not by swapping",
                            self.swap_space)
@@ -262,6 +264,7 @@ class EngineArgs:
         from nv_engine.model_loader.model_path import load_hf_config
 
         kv_events_config = KVEventsConfig.from_value(self.kv_events_config)   # refused before the model is read
+        speculative_config = SpeculativeConfig.from_value(self.speculative_config)
         resolved = self.with_resolved_paths()
         path, tokenizer = resolved.model, resolved.tokenizer
         if hf_config is None:
@@ -299,7 +302,8 @@ class EngineArgs:
             generation_config=generation_config, max_logprobs=self.max_logprobs,
             disable_log_stats=bool(self.disable_log_stats),
             disable_custom_all_reduce=bool(self.disable_custom_all_reduce), kv_events_config=kv_events_config,
-            kv_cache_dtype=self.kv_cache_dtype, calculate_kv_scales=self.calculate_kv_scales,
+            speculative_config=speculative_config, kv_cache_dtype=self.kv_cache_dtype,
+            calculate_kv_scales=self.calculate_kv_scales,
             quantization=resolve_quantization(self.quantization, hf_config))
         config.validate()
         return config

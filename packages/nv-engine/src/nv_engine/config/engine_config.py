@@ -9,6 +9,7 @@ from typing import Any, TypedDict, cast
 import torch
 
 from nv_engine.config.kv_events_config import KVEventsConfig
+from nv_engine.config.speculative_config import SpeculativeConfig
 from nv_kernels.kv_quant import FP8_KV_CACHE_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class EngineConfig:
     disable_log_stats: bool = False
     disable_custom_all_reduce: bool = False      # TP: NCCL for every all-reduce
     kv_events_config: KVEventsConfig | None = None   # KV-cache events for routers; None: off
+    speculative_config: SpeculativeConfig | None = None   # speculative decoding; None: off
     kv_cache_dtype: str = "auto"                 # "auto" (the model dtype) or an FP8 name (KV_CACHE_DTYPES)
     calculate_kv_scales: bool | None = None      # FP8: True calibrate, False checkpoint or 1.0, None either
     grammar_matcher_process: bool | None = None  # grammar matchers in their own process; None: CUDA and 4+ cores
@@ -174,6 +176,15 @@ class EngineConfig:
     @property
     def max_blocks_per_seq(self) -> int:
         return -(-self.max_model_len // self.block_size)
+
+    def check_kv_cache_holds_one_sequence(self, num_blocks: int) -> None:
+        """ValueError when a KV cache of num_blocks blocks cannot hold one max_model_len sequence."""
+        capacity = num_blocks * self.block_size
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {self.block_size}), "
+                f"fewer than one max_model_len={self.max_model_len} sequence: raise "
+                f"gpu_memory_utilization (or num_gpu_blocks_override), or lower max_model_len")
 
 
 def resolve_device(device: str | torch.device | None) -> str:

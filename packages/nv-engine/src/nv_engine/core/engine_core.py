@@ -52,6 +52,7 @@ from nv_engine.core.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, Sampling
 from nv_engine.core.step_builder import StepBuilder
 from nv_engine.core.warmup_steps import WarmupSteps
 from nv_engine.engine.engine_requests import load_tokenizer
+from nv_engine.spec_decode.speculative_decoding import SpeculativeDecoding
 from nv_engine.structured_output.compiler import HFTokenizer
 from nv_engine.structured_output.grammar_sampling import GrammarSampling
 from nv_engine.structured_output.manager import StructuredOutputManager, matcher_process_wanted
@@ -98,7 +99,7 @@ class EngineCore:
                                           if executor is None else executor)
         try:
             self.num_blocks = int(self.executor.determine_num_blocks())
-            self._check_kv_cache_holds_one_sequence()
+            config.check_kv_cache_holds_one_sequence(self.num_blocks)
             self.executor.allocate_kv_cache(self.num_blocks)
             self.executor.capture_cudagraphs()
             if config.is_cuda:   # every kernel variant compiles now, not in the first requests
@@ -112,12 +113,15 @@ class EngineCore:
             from nv_engine.core.kv_events.publisher import KVEventPublisher
 
             self.kv_event_publisher = KVEventPublisher(config.kv_events_config)
+        spec = self.speculative = (None if config.speculative_config is None
+                                   else SpeculativeDecoding(config.speculative_config))
         self.scheduler = Scheduler(
             num_blocks=self.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
             enable_prefix_caching=config.enable_prefix_caching,
             enable_kv_cache_events=self.kv_event_publisher is not None,
-            long_prefill_token_threshold=config.long_prefill_token_threshold)
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            propose=None if spec is None else spec.proposer.propose)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         # structured outputs: grammars compile off the step; the tokenizer is loaded at the first one
@@ -134,19 +138,11 @@ class EngineCore:
         self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
                                      config.max_model_len, config.seed)   # the unfinished ones
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
-        self.async_scheduling = True if config.async_scheduling is None else bool(config.async_scheduling)
+        # speculative decoding proposes from the last step's real tokens: synchronous steps
+        self.async_scheduling = spec is None and (config.async_scheduling is None or bool(config.async_scheduling))
         self._inflight: _Launched | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
-
-    def _check_kv_cache_holds_one_sequence(self) -> None:
-        config = self.config
-        capacity = self.num_blocks * config.block_size
-        if capacity < config.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of {config.block_size}), "
-                f"fewer than one max_model_len={config.max_model_len} sequence: raise "
-                f"gpu_memory_utilization (or num_gpu_blocks_override), or lower max_model_len")
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -220,6 +216,8 @@ class EngineCore:
         if self.structured_outputs.num_held:
             failed = self._release_structured_outputs(wait=launched is None and not scheduler.has_unfinished())
         if launched is None:
+            if self.speculative is not None:
+                scheduler.spec_max_batch_size = self.speculative.max_batch_size(self.requests.num_unverifiable_requests)
             out = scheduler.schedule()
             if out.is_empty:
                 if scheduler.has_unfinished():
@@ -260,7 +258,8 @@ class EngineCore:
             early = False
             self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
             result = launched.result if launched.result is not None else self._collect()
-            for seq in scheduler.postprocess(out, result.token_ids):
+            for seq in (scheduler.postprocess(out, result.token_ids) if self.speculative is None else
+                        scheduler.postprocess_runs(out, self.speculative.runs(result.token_ids, len(out.sampling)))):
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             record_prompt_logprobs(out, launched.prompt_logprobs, result)
@@ -322,7 +321,8 @@ class EngineCore:
                                              prompt_logprobs=prompt_widths)
         step_input.defer_sampling = defer_sampling
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
-            [s.num_new_tokens == 1 and bool(s.seq.output_token_ids) for s in out.scheduled])
+            [s.num_new_tokens == 1 + len(s.seq.spec_token_ids) and bool(s.seq.output_token_ids)
+             for s in out.scheduled]) + out.num_draft_tokens
         launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
                              step_input.prompt_logprobs)
         if self.record_timestamps and not out.is_pure_decode:

@@ -10,6 +10,7 @@ from nv_engine.core.engine_sequence import EngineSequence
 from nv_engine.core.sampling_batch import sequence_seed, unpack_results
 from nv_engine.core.sequence_update import SequenceUpdate
 from nv_engine.core.step import SamplingBatch, StepResult
+from nv_engine.spec_decode.speculative_decoding import SpeculativeDecoding
 from nv_engine.structured_output.manager import StructuredOutputManager
 from nv_kvcache import ScheduledSeq, Scheduler, SchedulerOutput, SequenceStatus
 
@@ -38,6 +39,7 @@ class RequestTable:
         self.num_penalty_requests = 0
         self.num_prompt_logprobs_requests = 0
         self.num_multi_completion_requests = 0       # n > 1
+        self.num_unverifiable_requests = 0           # speculative decoding: requests that keep drafting off
         self.first_scheduled: dict[str, float] = {}   # first scheduled since the last take_first_scheduled
         self._scheduled_once: set[str] = set()
 
@@ -77,6 +79,7 @@ class RequestTable:
         self.num_penalty_requests += params.needs_output_token_ids
         self.num_prompt_logprobs_requests += params.prompt_logprobs is not None
         self.num_multi_completion_requests += params.n > 1
+        self.num_unverifiable_requests += not SpeculativeDecoding.verifiable(params)
 
     def add_siblings(self, request_id: str) -> None:
         """Add the request's completions 1..n-1 to the scheduler."""
@@ -103,6 +106,7 @@ class RequestTable:
         self.num_penalty_requests -= params.needs_output_token_ids
         self.num_prompt_logprobs_requests -= params.prompt_logprobs is not None
         self.num_multi_completion_requests -= params.n > 1
+        self.num_unverifiable_requests -= not SpeculativeDecoding.verifiable(params)
         self.structured_outputs.remove_request(request_id, [seq.seq_id for seq in seqs])
         return seqs
 

@@ -112,6 +112,11 @@ class StepInput:
     prev_src: np.ndarray | None = None    # [K] int64 ... for the previous step's sampled id at this index
     prompt_logprobs: PromptLogprobsBatch | None = None   # never set on a decode step
     defer_sampling: bool = False   # stop at the logits: the runner's sample() takes the token bitmask
+    # speculative decoding (None: no drafts this step): sequence i of the S sampling ones verifies
+    # num_drafts[i] drafts draft_ids[i, :num_drafts[i]]; logits_indices then holds S * (K+1) rows, K+1 per
+    # sequence (its draft slots, then the bonus slot, the last row repeated as padding)
+    draft_ids: np.ndarray | None = None    # [S, K] int64, 0 past num_drafts
+    num_drafts: np.ndarray | None = None   # [S] int64 in [0, K]
 
     @property
     def num_tokens(self) -> int:

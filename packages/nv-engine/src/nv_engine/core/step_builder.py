@@ -60,6 +60,8 @@ class StepBuilder:
             for s in scheduled:
                 start = s.seq.num_computed_tokens
                 ids.extend(s.seq.token_ids[start:start + s.num_new_tokens])
+                if out.num_draft_tokens:         # speculative decoding: the drafts follow the sequence's tokens
+                    ids.extend(s.seq.spec_token_ids)
             input_ids = np.array(ids, dtype=np.int64)                                 # [T]
             cu_seqlens_q = np.zeros(num_seqs + 1, dtype=np.int32)                     # [B+1]
             np.cumsum(q_lens, out=cu_seqlens_q[1:])
@@ -73,6 +75,8 @@ class StepBuilder:
             sampled_rows = rows[samples]                                              # [S]
             seq_lens = (starts + q_lens).astype(np.int32)                             # [B]
             max_seqlen_q = int(q_lens.max()) if num_seqs else 0
+            if out.num_draft_tokens:
+                draft_ids, num_drafts, logits_indices = self._verification_rows(out, logits_indices)
         table = blocks.table
         block_index, offset = np.divmod(positions, bs)                               # [T], [T]
         slot_mapping = table[token_rows, block_index].astype(np.int64) * bs + offset  # [T]
@@ -82,6 +86,8 @@ class StepBuilder:
         if prompt_logprobs and not out.is_pure_decode:   # a decode step computes no prompt position
             prompt_batch = self._prompt_logprobs_batch(out, prompt_logprobs, cu_seqlens_q)
         prev_rows = prev_src = None
+        if not out.num_draft_tokens:
+            draft_ids = num_drafts = None
         previous_rows = self._sampled_rows
         if follows_previous and len(previous_rows):
             placeholders = last_ids == PLACEHOLDER_TOKEN                              # [S]
@@ -100,7 +106,22 @@ class StepBuilder:
             cu_seqlens_q=cu_seqlens_q, block_tables=block_tables, logits_indices=logits_indices,
             is_decode=out.is_pure_decode, max_seqlen_q=max_seqlen_q if num_seqs else 0,
             max_seqlen_k=max_seqlen_k, sampling=sampling, prev_rows=prev_rows, prev_src=prev_src,
-            prompt_logprobs=prompt_batch)
+            prompt_logprobs=prompt_batch, draft_ids=draft_ids, num_drafts=num_drafts)
+
+    @staticmethod
+    def _verification_rows(out: SchedulerOutput, last_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Speculative decoding: ([S, K] draft ids, [S] draft counts, [S * (K+1)] logits rows). Sampling
+        sequence i with d drafts scores rows last - d .. last (last: its last row), padded with `last`."""
+        drafts = [entry.seq.spec_token_ids for entry in out.sampling]
+        num_drafts = np.array([len(d) for d in drafts], dtype=np.int64)             # [S]
+        k = int(num_drafts.max())
+        draft_ids = np.zeros((len(drafts), k), dtype=np.int64)                       # [S, K]
+        for i, d in enumerate(drafts):
+            draft_ids[i, :len(d)] = d
+        slots = np.arange(k + 1, dtype=np.int64)[None, :]                            # [1, K+1]
+        first = (last_rows - num_drafts)[:, None]                                    # [S, 1]
+        rows = np.minimum(first + slots, last_rows[:, None])                         # [S, K+1]
+        return draft_ids, num_drafts, rows.reshape(-1)
 
     @staticmethod
     def _prompt_logprobs_batch(out: SchedulerOutput, widths: dict[int, int],

@@ -30,6 +30,7 @@ from nv_engine.config.engine_config import EngineConfig
 from nv_engine.core.step import PromptLogprobsResult, SamplingBatch, StepInput, StepResult
 from nv_engine.model_loader.registry import get_model_class
 from nv_engine.runner.cuda_graphs import DecodeGraphs
+from nv_engine.runner.draft_verifier import DraftVerifier
 from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KVCacheLayer
 from nv_engine.runner.head_graphs import HeadRun, SampledHeadGraphs
 from nv_engine.runner.input_stager import InputStager, StagedStep
@@ -103,6 +104,7 @@ class ModelRunner:
             logger.info("attention backend %s cannot read an FP8 KV cache: using triton", self.backend.name)
             self.backend = get_backend("triton", self.device)
         self.sampler = Sampler()
+        self.draft_verifier = DraftVerifier()
         self.sampling_tensors = SamplingTensorsSource(self.device)
         self.attention_layers = cast(list[KVCacheLayer], [m for m in self.model.modules()
                                                           if hasattr(m, "k_cache") and hasattr(m, "v_cache")])
@@ -324,6 +326,10 @@ class ModelRunner:
             return
         if step.defer_sampling:
             self.unsampled = _UnsampledStep(logits, step.sampling, prompt_logprobs)
+            return
+        if step.num_drafts is not None:        # speculative decoding: K+1 rows per sequence, eager or mixed graphs
+            tensors = self.sampling_tensors.for_step(step.sampling, len(step.num_drafts))
+            self._sampled(self.draft_verifier(logits, step, tensors), prompt_logprobs)
             return
         self._sample(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]), prompt_logprobs)
 

@@ -1,0 +1,127 @@
+"""Speculative decoding (ngram prompt lookup) against plain decoding through `LLM`: ms per output token, speedup
+and acceptance rate at small batch, on a repetitive workload and on random prompts; then throughput at a large
+batch with speculation configured (it turns itself off above speculative_config's max_batch_size).
+
+    python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b [--batches 1,8] [--k 3]
+    python3 benchmarks/bench_spec_decode.py --model DIR [--batches 1,8] [--large-batch 256]
+
+Workloads (greedy, ignore_eos, --max-tokens outputs per sequence):
+- repetitive: with a real model, prompts that ask to repeat a given code block; with --random-weights, prompts
+  of a repeated random token pattern (greedy continuations of a random model keep copying such patterns);
+- random: random token prompts of --prompt-len (the headline's kind of prompt).
+Each run is done twice in one engine and the second is timed. ms/token = wall time / --max-tokens (per sequence).
+Prints one JSON line per measure: workload, batch, spec (off / on), ms_per_token, speedup, acceptance rate
+(accepted / drafted tokens, from SchedulerStats) and mean accepted tokens per step and sequence.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from nv_engine import LLM, SamplingParams
+
+CODE = '''def moving_average(values, window):
+    if window <= 0:
+        raise ValueError("window must be positive")
+    total = 0.0
+    out = []
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+'''
+
+
+def repetitive_prompts(llm: LLM, batch: int, prompt_len: int, random_weights: bool, rng: random.Random):
+    vocab = llm.llm_engine.config.hf_config.vocab_size
+    if random_weights:
+        prompts = []
+        for _ in range(batch):
+            pattern = [rng.randrange(100, vocab) for _ in range(rng.randrange(8, 24))]
+            prompts.append((pattern * (prompt_len // len(pattern) + 1))[:prompt_len])
+        return prompts
+    tokenizer = llm.get_tokenizer()
+    text = f"Repeat this code exactly, renaming `values` to `xs`:\n\n{CODE}\nHere it is:\n\n"
+    return [tokenizer(text)["input_ids"] for _ in range(batch)]
+
+
+def random_prompts(llm: LLM, batch: int, prompt_len: int, rng: random.Random):
+    vocab = llm.llm_engine.config.hf_config.vocab_size
+    return [[rng.randrange(100, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+
+
+def timed(llm: LLM, prompts, params) -> tuple[float, int, int]:
+    """(seconds, drafted, accepted) of the second of two runs."""
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    llm.generate(batch, params, use_tqdm=False)
+    before = llm.llm_engine.scheduler.stats()
+    start = time.perf_counter()
+    llm.generate(batch, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    after = llm.llm_engine.scheduler.stats()
+    return (seconds, after.num_draft_tokens - before.num_draft_tokens,
+            after.num_accepted_tokens - before.num_accepted_tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="checkpoint directory (default: random weights of --shape)")
+    parser.add_argument("--random-weights", action="store_true")
+    parser.add_argument("--shape", default="qwen3-0.6b")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    parser.add_argument("--lookup-max", type=int, default=4)
+    parser.add_argument("--max-batch-size", type=int, default=32, help="speculative_config's max_batch_size")
+    parser.add_argument("--large-batch", type=int, default=256, help="throughput check (0: skip)")
+    args = parser.parse_args()
+    model = args.model
+    if model is None:
+        from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
+
+        model = str(nv_cache_dir() / f"bench-random-{args.shape}-bf16")
+        write_random_checkpoint(model, args.shape, dtype="bfloat16")
+    random_weights = args.model is None or args.random_weights
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1,
+            "prompt_lookup_max": args.lookup_max, "max_batch_size": args.max_batch_size}
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    results: dict[tuple[str, int, str], float] = {}
+    for label, speculative_config in (("off", None), ("on", spec)):
+        llm = LLM(model, speculative_config=speculative_config, max_model_len=args.prompt_len + args.max_tokens + 64)
+        for workload in ("repetitive", "random"):
+            for batch in batches:
+                rng = random.Random(batch)
+                prompts = (repetitive_prompts(llm, batch, args.prompt_len, random_weights, rng)
+                           if workload == "repetitive" else random_prompts(llm, batch, args.prompt_len, rng))
+                seconds, drafted, accepted = timed(llm, prompts, params)
+                ms = 1000 * seconds / args.max_tokens
+                results[(workload, batch, label)] = ms
+                line = {"workload": workload, "batch": batch, "spec": label, "ms_per_token": round(ms, 4)}
+                if label == "on":
+                    line["speedup"] = round(results[(workload, batch, "off")] / ms, 3)
+                    line["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
+                    steps = batch * args.max_tokens - accepted
+                    line["accepted_per_step"] = round(accepted / max(steps, 1), 3)
+                print(json.dumps(line), flush=True)
+        if args.large_batch:
+            rng = random.Random(0)
+            prompts = random_prompts(llm, args.large_batch, args.prompt_len, rng)
+            seconds, drafted, _ = timed(llm, prompts, params)
+            tokens_per_s = args.large_batch * args.max_tokens / seconds
+            results[("large", args.large_batch, label)] = tokens_per_s
+            line = {"workload": "random", "batch": args.large_batch, "spec": label,
+                    "output_tokens_per_s": round(tokens_per_s, 1), "drafted": drafted}
+            if label == "on":
+                line["throughput_ratio"] = round(tokens_per_s / results[("large", args.large_batch, "off")], 4)
+            print(json.dumps(line), flush=True)
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()

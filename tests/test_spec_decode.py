@@ -1,0 +1,81 @@
+"""Speculative decoding (ngram) end to end on CPU: greedy output token-identical with and without drafts on a
+tiny random checkpoint and on SmolLM2, with prefix caching and with a forced preemption; drafts accepted."""
+from __future__ import annotations
+
+import pytest
+
+from nv_engine import LLM, SamplingParams
+from nv_kvcache import SchedulerStats
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def repetitive_prompts(vocab: int) -> list[list[int]]:
+    """Prompts of a repeated token pattern: greedy continuations tend to keep copying it."""
+    return [([(7 * i + j * 13) % vocab + 1 for j in range(5)] * 6)[: 20 + 3 * i] for i in range(4)]
+
+
+def generate(model_dir, prompts, params, **kwargs) -> tuple[list[list[int]], SchedulerStats]:
+    llm = LLM(str(model_dir), **kwargs)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outputs], llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_prefix_caching": True, "block_size": 16},
+                                    {"num_gpu_blocks_override": 8, "block_size": 16, "max_model_len": 96}],
+                         ids=["plain", "prefix-cache", "preemption"])
+def test_tiny_checkpoint_greedy_is_identical(tiny_qwen3_dir, kwargs):
+    prompts = repetitive_prompts(200)
+    reference, _ = generate(tiny_qwen3_dir, prompts, GREEDY, **kwargs)
+    spec, stats = generate(tiny_qwen3_dir, prompts, GREEDY, speculative_config=NGRAM, **kwargs)
+    assert spec == reference
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
+    if "num_gpu_blocks_override" in kwargs:
+        assert stats.num_preemptions > 0
+
+
+def test_smollm2_greedy_is_identical(smollm2_dir):
+    llm_prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a +",
+                   "The cat sat on the mat. The cat sat on the mat. The cat sat"]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    prompts = [tokenizer(p)["input_ids"] for p in llm_prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    reference, _ = generate(smollm2_dir, prompts, params, max_model_len=256)
+    spec, stats = generate(smollm2_dir, prompts, params, max_model_len=256, speculative_config=NGRAM)
+    assert spec == reference
+    assert stats.num_accepted_tokens > 0
+
+
+def test_seeded_sampling_with_drafts_is_reproducible_and_respects_max_tokens(tiny_qwen3_dir):
+    params = SamplingParams(temperature=0.8, top_k=20, seed=5, max_tokens=17, ignore_eos=True)
+    prompts = repetitive_prompts(200)
+    first, stats = generate(tiny_qwen3_dir, prompts, params, speculative_config=NGRAM)
+    again, _ = generate(tiny_qwen3_dir, prompts, params, speculative_config=NGRAM)
+    assert first == again and all(len(tokens) == 17 for tokens in first)
+    assert stats.num_draft_tokens > 0
+
+
+def test_no_drafts_while_a_request_wants_logprobs(tiny_qwen3_dir):
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+    _, stats = generate(tiny_qwen3_dir, repetitive_prompts(200), params, speculative_config=NGRAM)
+    assert stats.num_draft_tokens == 0
+
+
+def test_serve_flag_parses():
+    import argparse
+
+    from nv_engine.entrypoints.server.cli import add_serve_parser, engine_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
+    kwargs = engine_kwargs(args)
+    assert kwargs["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4}
