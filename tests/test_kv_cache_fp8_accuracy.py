@@ -144,8 +144,10 @@ def test_prefix_hit_and_chunked_prefill_equal_a_miss(smollm2_dir: Path) -> None:
     assert [o.outputs[0].token_ids for o in hits] == [o.outputs[0].token_ids for o in misses]
 
 
-def test_preemption_keeps_greedy_tokens(smollm2_dir: Path) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+def test_preemption_keeps_the_accuracy_rule(smollm2_dir: Path) -> None:
+    # A preempted sequence recomputes its KV in a prefill: with e4m3 that may flip a near-tie, so the rule is the
+    # accuracy rule (check_logprobs_close, top-5), not token equality.
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=TOP_LOGPROBS)
     messages = [[{"role": "user", "content": q}] for q in QUESTIONS[4:8]]
     with LLM(str(smollm2_dir), max_model_len=128, block_size=16, kv_cache_dtype="fp8",
              num_gpu_blocks_override=8) as llm:                     # 4 x ~45 tokens in 8 blocks: preempts
@@ -153,4 +155,4 @@ def test_preemption_keeps_greedy_tokens(smollm2_dir: Path) -> None:
         assert llm.llm_engine.scheduler.num_preemptions > 0
     with LLM(str(smollm2_dir), max_model_len=128, block_size=16, kv_cache_dtype="fp8") as llm:
         alone = llm.chat(messages, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in preempted] == [o.outputs[0].token_ids for o in alone]
+    check_logprobs_close(nv_with_logprobs(alone), nv_with_logprobs(preempted), "alone", "preempted")
