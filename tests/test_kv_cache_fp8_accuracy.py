@@ -60,7 +60,7 @@ PPL_TEXT = (
     "The town was built around a mill that ground wheat for the whole valley. The mill stopped working more than "
     "a hundred years ago, but the building still stands, and it now holds a small museum about the history of the "
     "region. Visitors can see the great wheel, the grinding stones and the tools that the millers used. A guide "
-    "explains how the grain was carried in by cart, weighed, ground and sold, and how the miller kept his accounts "
+    "explains how the grain was brought in by cart, weighed, ground and sold, and how the miller kept his accounts "
     "in a thick leather book that is still on display. Farther down the valley the land becomes flatter and the "
     "fields are larger. Farmers grow wheat, barley and potatoes, and in late summer the roads are busy with "
     "tractors pulling trailers full of grain. The harvest festival is held in the first week of September. There "

@@ -7,15 +7,13 @@ One step (vLLM v1's policy):
 When a running sequence needs a block and none is free, the newest running sequence is preempted
 (blocks freed, num_computed_tokens = 0, back to the FRONT of waiting), possibly itself. A step that
 preempted admits nobody new. A preempted sequence later recomputes prompt + outputs and goes on.
-With long_prefill_token_threshold > 0 (vLLM's knob), no prompt gets more than that many tokens in one step, so a
-long prompt that arrives while streams decode is spread over several short steps instead of one long one; the
-running decodes are in every step either way (they are scheduled first).
+With long_prefill_token_threshold > 0 (vLLM's knob) no prompt gets more than that many tokens a step: a long prompt
+arriving mid-stream is spread over short steps; running decodes are in every step either way (scheduled first).
 
 Speculative decoding (a `propose` callable; vLLM v1's scheme): in a step with at most spec_max_batch_size running
 sequences, each decode also computes the draft tokens `propose(token_ids, most)` returns (seq.spec_token_ids),
-budgeted and given blocks like any token. postprocess_runs then appends each sequence's emitted run (accepted
-drafts plus one token) and advances num_computed_tokens by 1 + accepted only, so the KV slots of rejected drafts
-are written over later. A preempted sequence drops its drafts.
+budgeted and given blocks like any token. postprocess_runs appends each emitted run (accepted drafts plus one
+token), advancing num_computed_tokens by 1 + accepted (rejected drafts' slots get overwritten); preemption drops drafts.
 """
 from __future__ import annotations
 
@@ -353,13 +351,9 @@ class Scheduler:
             reason = None
             for token_id in run:
                 seq.append_token(token_id)
-                if token_id in seq._stop_ids and seq.stopped_by_token():
-                    reason = FinishReason.STOP
-                elif len(seq.token_ids) >= seq._length_limit:
-                    reason = FinishReason.LENGTH
-                else:
-                    continue
-                break
+                reason = seq.finish_reason_after(token_id)
+                if reason is not None:
+                    break
             if reason is None:
                 if caching and seq.num_computed_tokens >= (seq._num_hashed_blocks + 1) * bs:
                     bm.cache_full_blocks(seq)

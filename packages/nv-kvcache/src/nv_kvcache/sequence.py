@@ -145,6 +145,12 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def finish_reason_after(self, token_id: int) -> FinishReason | None:
+        """Why the sequence ends now that token_id was appended (a stop token, its length limit), else None."""
+        if token_id in self._stop_ids and self.stopped_by_token():
+            return FinishReason.STOP
+        return FinishReason.LENGTH if len(self.token_ids) >= self._length_limit else None
+
     def stopped_by_token(self) -> bool:
         """Whether the last token is an EOS / stop id that ends the sequence (once min_tokens
         output tokens exist); records it as stop_token_id. The one place this rule is written."""

@@ -8,10 +8,9 @@ that needs only temperatures: LM head and draw in a second graph, runner.head_gr
 copy of the sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
 does both; an engine that overlaps steps can call launch for step N+1 before collect of step N.
 
-A step launched with `StepInput.defer_sampling` stops at the logits; `sample(token_bitmask)` then
-samples it with a structured-output bitmask the host filled while the forward ran (the mask of
-step N+1 needs step N's ids on the host; the forward of N+1 does not). Nothing else is launched
-in between: the next `launch` takes its input ids from this step's sampled ids.
+A step launched with `StepInput.defer_sampling` stops at the logits; `sample(token_bitmask)` then samples it with
+a structured-output bitmask the host filled while the forward ran (the mask of step N+1 needs step N's ids on the
+host; the forward of N+1 does not). Nothing is launched in between: the next `launch` takes this step's ids.
 """
 from __future__ import annotations
 
