@@ -210,6 +210,44 @@ def test_bad_engine_arguments_raise_and_leave_no_core_running(tiny_qwen3_dir, ll
     assert time.monotonic() - started < 30
 
 
+def test_adding_requests_never_waits_for_the_receivers_lock(llm):
+    """The receiver thread holds the output lock while it processes a step (milliseconds at a full
+    batch): requests added meanwhile are queued without waiting for it, so a wave of arrivals does not
+    stall the event loop, and they still stream once the step is processed. An id in use is refused
+    even before its request is registered."""
+    import threading
+
+    async def run():
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with llm._lock:
+                held.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(5)
+        started = time.monotonic()
+        streams = [await llm.add_requests([(f"queued-{i}", p, GREEDY)]) for i, p in enumerate(_prompts(32))]
+        added_in = time.monotonic() - started
+        with pytest.raises(ValueError, match="already in use"):
+            await llm.add_requests([("queued-0", [1, 2], GREEDY)])
+        release.set()
+        holder.join()
+        finals = []
+        for stream in streams:
+            async for outputs in stream:
+                finals.extend(o for o in outputs if o.finished)
+        await _wait_idle(llm)
+        return added_in, finals
+
+    added_in, finals = asyncio.run(run())
+    assert added_in < 2.0, f"adding waited {added_in:.2f} s for the lock"
+    assert sorted(o.request_id for o in finals) == sorted(f"queued-{i}" for i in range(32))
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in finals)
+
+
 def test_shutdown_ends_the_core_and_later_calls_raise(llm):
     """The module's AsyncLLM (this test runs last)."""
     process = llm.client.process
@@ -221,3 +259,4 @@ def test_shutdown_ends_the_core_and_later_calls_raise(llm):
             await llm.add_requests([("late", [1, 2], GREEDY)])
 
     asyncio.run(run())
+

@@ -9,8 +9,10 @@ as a finish message (the core may compute a token or two more, dropped here).
 Outputs are CUMULATIVE by default: each RequestOutput carries its request's full text and token ids so
 far (every step with news, then the finished one); SamplingParams.output_kind DELTA sends only what is
 new. The OutputProcessor runs in the receiver thread (off the asyncio loop), under a lock shared with
-add / abort; each request's outputs reach its asyncio.Queue through `loop.call_soon_threadsafe`, so
-requests of several event loops work.
+abort; each request's outputs reach its asyncio.Queue through `loop.call_soon_threadsafe`, so
+requests of several event loops work. Adding a request never waits for that lock (the receiver holds it
+for milliseconds per step at a full batch, and a wave of arriving requests would stall the event loop
+behind it): the request goes to a queue of arrivals, which whoever takes the lock next registers first.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,6 +65,18 @@ class _Route:
     arrival_time: float
 
 
+@dataclass(eq=False)
+class _Arrival:
+    """A request added but not yet registered in the OutputProcessor and the routes."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    route: _Route
+
+
 class AsyncLLM:
     """`AsyncLLM(model, **kwargs)`: the keyword arguments are LLM's (EngineArgs fields). Starts the
     engine-core process and returns once it is ready (RuntimeError with the core's message if it
@@ -84,6 +99,11 @@ class AsyncLLM:
         self.dead_error: EngineDeadError | None = None
         self._lock = threading.Lock()         # output_processor and _routes
         self._routes: dict[str, _Route] = {}
+        self._arrivals: deque[_Arrival] = deque()     # appended without the lock; registered under it
+        # request ids of open requests (arrived or registered): checked and updated under _ids_lock,
+        # which is held only for those set operations
+        self._ids_lock = threading.Lock()
+        self._ids_in_use: set[str] = set()
         self._shut_down = False
         # One core starts first, from the arguments alone: it reads the model's config and tokenizer itself
         # while this process does the same (seconds of imports on both sides, run side by side);
@@ -183,15 +203,15 @@ class AsyncLLM:
         queue: asyncio.Queue = asyncio.Queue()
         now = time.monotonic()
         core_requests = []
-        with self._lock:
+        with self._ids_lock:
             for request_id, _, _ in requests:
-                if request_id in self._routes:
+                if request_id in self._ids_in_use:
                     raise ValueError(f"request id {request_id!r} is already in use")
-            for (request_id, _, _), (text, ids, params) in zip(requests, prepared, strict=True):
-                self.output_processor.add_request(request_id, text, ids, params, stream=stream)
-                self._routes[request_id] = _Route(queue, loop, now)
-                reports = params.needs_every_token(stream=True, detokenizes=self.tokenizer is not None)
-                core_requests.append(EngineCoreRequest(request_id, ids, params, reports, now))
+            self._ids_in_use.update(request_id for request_id, _, _ in requests)
+        for (request_id, _, _), (text, ids, params) in zip(requests, prepared, strict=True):
+            self._arrivals.append(_Arrival(request_id, text, ids, params, stream, _Route(queue, loop, now)))
+            reports = params.needs_every_token(stream=True, detokenizes=self.tokenizer is not None)
+            core_requests.append(EngineCoreRequest(request_id, ids, params, reports, now))
         try:
             engine_indices = self.client.add_requests(core_requests)
         except BaseException:
@@ -219,10 +239,26 @@ class AsyncLLM:
 
     def _forget(self, request_ids: list[str]) -> bool:
         with self._lock:
+            self._register_arrivals()
             found = [self._routes.pop(rid, None) is not None for rid in request_ids]
             self.output_processor.abort_requests(request_ids)
+        self._release_ids([rid for rid, was_open in zip(request_ids, found, strict=True) if was_open])
         self._forget_stats(request_ids)
         return any(found)
+
+    def _register_arrivals(self) -> None:
+        """Under self._lock: the requests added since, into the OutputProcessor and the routes (in order,
+        so before any of their outputs: a request reaches the core only after its arrival is queued)."""
+        arrivals = self._arrivals
+        while arrivals:
+            a = arrivals.popleft()
+            self.output_processor.add_request(a.request_id, a.prompt, a.prompt_token_ids, a.params, stream=a.stream)
+            self._routes[a.request_id] = a.route
+
+    def _release_ids(self, request_ids: list[str]) -> None:
+        if request_ids:
+            with self._ids_lock:
+                self._ids_in_use.difference_update(request_ids)
 
     def _forget_stats(self, request_ids: list[str]) -> None:
         for stat_logger in self.stat_loggers:
@@ -231,8 +267,10 @@ class AsyncLLM:
     def fail_all_requests(self, error: BaseException) -> None:
         """End every open request with `error` (the server's drain timeout); the core aborts them."""
         with self._lock:
+            self._register_arrivals()
             routes, self._routes = self._routes, {}
             self.output_processor.abort_requests(list(routes))
+        self._release_ids(list(routes))
         self._forget_stats(list(routes))
         if routes and self.client.is_alive:
             try:
@@ -249,7 +287,9 @@ class AsyncLLM:
     # ---- the receiver thread -----------------------------------------------------------------
     def _on_core_outputs(self, core_outputs: EngineCoreOutputs) -> None:
         deliveries: list[tuple[_Route, RequestOutput | BaseException]] = []
+        ended: list[str] = []
         with self._lock:
+            self._register_arrivals()
             processed = self.output_processor.process(core_outputs.updates)
             routes = self._routes
             arrivals: dict[str, float] = {}
@@ -259,14 +299,17 @@ class AsyncLLM:
                     continue                    # aborted meanwhile
                 if output.finished:
                     del routes[output.request_id]
+                    ended.append(output.request_id)
                 arrivals[output.request_id] = route.arrival_time
                 deliveries.append((route, output))
             for request_id, message in core_outputs.failed:
                 route = routes.pop(request_id, None)
                 self.output_processor.abort_requests([request_id])
                 if route is not None:
+                    ended.append(request_id)
                     deliveries.append((route, ValueError(message)))
             failed = [request_id for request_id, _ in core_outputs.failed]
+        self._release_ids(ended)
         if processed.to_finish:
             try:
                 self.client.finish_requests(processed.to_finish)
@@ -299,12 +342,14 @@ class AsyncLLM:
         data-parallel core did (only its requests fail)."""
         error = EngineDeadError(reason)
         with self._lock:
+            self._register_arrivals()
             if request_ids is None:
                 self.dead_error = error
                 routes, self._routes = self._routes, {}
             else:
                 routes = {rid: route for rid in request_ids if (route := self._routes.pop(rid, None)) is not None}
             self.output_processor.abort_requests(list(routes))
+        self._release_ids(list(routes))
         self._forget_stats(list(routes))
         self._deliver([(route, error) for route in routes.values()])
 

@@ -1,7 +1,6 @@
 """POST /v1/chat/completions: the tokenizer's chat template, then the same engine path."""
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -107,23 +106,23 @@ async def render_chat_prompt(state: ServerState, req: ChatCompletionRequest | To
             template, messages, special_tokens=_special_tokens(tok),
             add_generation_prompt=add_generation_prompt,
             continue_final_message=req.continue_final_message, kwargs=kwargs, param=field_name)
-        return await asyncio.to_thread(state.encode, text, add_special_tokens=add_special_tokens)
+        return await state.encode(text, add_special_tokens=add_special_tokens)
     server_template = state.chat_template
     if server_template is None and not getattr(tok, "chat_template", None):
         raise APIError("The model's tokenizer has no chat template; use /v1/completions.",
                        param="messages")
 
-    def render_and_encode() -> list[int]:
+    def render() -> str:
         try:
-            text = tok.apply_chat_template(
+            return tok.apply_chat_template(
                 messages, tokenize=False, chat_template=server_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=req.continue_final_message, **kwargs)
         except Exception as exc:   # a template error is the request's fault (bad roles, ...)
             raise APIError(f"Could not apply the chat template: {exc}", param="messages") from exc
-        return state.encode(text, add_special_tokens=add_special_tokens)
 
-    return await asyncio.to_thread(render_and_encode)
+    text = await state.render_chat_template(render)
+    return await state.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _special_tokens(tok: Any) -> dict[str, str]:

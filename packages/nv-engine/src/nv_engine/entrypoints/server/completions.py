@@ -53,14 +53,16 @@ def split_prompts(prompt: Any) -> list[str | list[int]]:
     return prompts
 
 
-def prompt_token_ids(state: ServerState, prompts: list[str | list[int]],
-                     add_special_tokens: bool = True) -> list[tuple[str | None, list[int]]]:
-    """(text or None, token ids) for each prompt (blocking: tokenizes)."""
+async def prompt_token_ids(state: ServerState, prompts: list[str | list[int]],
+                           add_special_tokens: bool = True) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) for each prompt (the texts tokenized in the batch tokenizer's thread)."""
     for p in prompts:   # every text is checked before any is tokenized
         if isinstance(p, str):
             state.limits.check_prompt_text(p)
-    return [(p, state.encode(p, add_special_tokens=add_special_tokens)) if isinstance(p, str) else (None, list(p))
-            for p in prompts]
+    ids = await asyncio.gather(*(state.encode(p, add_special_tokens=add_special_tokens)
+                                 for p in prompts if isinstance(p, str)))
+    texts = iter(ids)
+    return [(p, next(texts)) if isinstance(p, str) else (None, list(p)) for p in prompts]
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, raw: Request) -> Any:
@@ -70,7 +72,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         raise APIError("echo with logprobs is not supported.", param="echo")
     raw_prompts = split_prompts(req.prompt)
     state.check_request(req, len(raw_prompts))
-    prompts = await asyncio.to_thread(prompt_token_ids, state, raw_prompts, req.add_special_tokens)
+    prompts = await prompt_token_ids(state, raw_prompts, req.add_special_tokens)
     request_id = random_id("cmpl")
     engine_requests = []
     for i, (_, ids) in enumerate(prompts):

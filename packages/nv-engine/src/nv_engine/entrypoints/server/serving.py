@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 from nv_engine.engine.async_llm import AsyncLLM
 from nv_engine.engine.engine_dead_error import EngineDeadError
 from nv_engine.engine.output_stream import OutputStream
+from nv_engine.entrypoints.server.batch_tokenizer import BatchTokenizer
 from nv_engine.entrypoints.server.chat_parsing_options import ChatParsingOptions
 from nv_engine.entrypoints.server.engine_loop import AsyncEngine
 from nv_engine.entrypoints.server.errors import APIError
@@ -58,6 +61,16 @@ class ServerState:
     default_sampling: dict[str, float | int] = field(default_factory=dict)
     # --enable-auto-tool-choice, --tool-call-parser, --reasoning-parser
     chat_parsing: ChatParsingOptions = field(default_factory=ChatParsingOptions)
+    # prompt texts, tokenized off the event loop in one thread, many at a time (None: no tokenizer)
+    batch_tokenizer: BatchTokenizer | None = None
+    # chat templates render in these two threads: Jinja holds the interpreter lock, so more threads would
+    # only queue behind each other, and the event loop behind them
+    template_threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="nv-chat-template"))
+
+    def __post_init__(self) -> None:
+        if self.batch_tokenizer is None and self.tokenizer is not None:
+            self.batch_tokenizer = BatchTokenizer(self.tokenizer)
 
     @property
     def model_name(self) -> str:
@@ -70,11 +83,17 @@ class ServerState:
         raise APIError(f"The model `{name}` does not exist. Served: {', '.join(self.served_model_names)}.",
                        status=404, param="model", code="model_not_found")
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of a prompt text (checked first: length, valid Unicode). Blocking: handlers
-        call it through `asyncio.to_thread` so the event loop keeps answering."""
+    async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a prompt text (checked first: length, valid Unicode), from the batch
+        tokenizer's thread: the event loop keeps answering."""
         self.limits.check_prompt_text(text)
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        if self.batch_tokenizer is None:
+            raise APIError("This model has no tokenizer: send prompts as token ids.", param="prompt")
+        return await self.batch_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def render_chat_template(self, render: Callable[[], str]) -> str:
+        """`render()` (a chat template's rendering) in one of the template threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.template_threads, render)
 
     def check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:

@@ -1,8 +1,6 @@
 """/tokenize, /detokenize, /version and /ping (vLLM's shapes), as one router."""
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Response, params
 from fastapi.responses import JSONResponse
 
@@ -41,7 +39,7 @@ class UtilityRoutes:
             ids = await render_chat_prompt(self.state, req, bool(req.add_special_tokens))
         else:
             add_special = True if req.add_special_tokens is None else req.add_special_tokens
-            ids = ((await asyncio.to_thread(prompt_token_ids, self.state, split_prompts(req.prompt), add_special))[0][1]
+            ids = ((await prompt_token_ids(self.state, split_prompts(req.prompt), add_special))[0][1]
                    if req.prompt else [])
         return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=self.state.max_model_len,
                                              tokens=ids).model_dump())
