@@ -144,8 +144,9 @@ class EngineArgs:
         '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"} (default: off)', type=json.loads)
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = _arg(
         None, 'speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
-        '"prompt_lookup_max": 4, "max_batch_size": 32} (no drafts in steps with more running sequences; '
-        'default: off)', type=json.loads)
+        '"prompt_lookup_max": 4, "max_batch_size": 32} (no drafts in steps with more running sequences), or a draft '
+        'model with the same vocabulary: {"method": "draft_model", "model": PATH, "num_speculative_tokens": 3} '
+        '(default: off)', type=json.loads)
     # ---- features nv does not have -----------------------------------------------------------
     enable_lora: bool = _arg(False, "only off: nv has no LoRA adapters", type=bool)
     max_lora_rank: int = _arg(16, "accepted for compatibility; no effect (no LoRA)", type=int)
@@ -271,6 +272,13 @@ class EngineArgs:
             hf_config = load_hf_config(path)
         device = resolve_device(self.device)
         max_model_len = resolve_max_model_len(self.max_model_len, hf_config)
+        if speculative_config is not None and speculative_config.model is not None:   # draft_model: checked now
+            from nv_engine.model_loader.model_path import resolve_model_path
+
+            draft_path = resolve_model_path(speculative_config.model, cache_dir=self.download_dir, token=self.hf_token)
+            speculative_config.check_draft(load_hf_config(draft_path), hf_config, max_model_len,
+                                           self.tensor_parallel_size)
+            speculative_config = dataclasses.replace(speculative_config, model=draft_path)
         max_num_batched_tokens = self.max_num_batched_tokens
         if self.enable_chunked_prefill is False:
             # vLLM's meaning of "no chunked prefill": every prompt fits one step's token budget

@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_METHODS = ("ngram",)
+SUPPORTED_METHODS = ("ngram", "draft_model")
 # vLLM's other methods: named so their error says "not supported yet" rather than "unknown"
-NOT_YET_SUPPORTED_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
+NOT_YET_SUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator")
 
 
 def _positive(name: str, value: object) -> int:
@@ -23,19 +23,27 @@ class SpeculativeConfig:
     prompt_lookup_min) are looked up earlier in its own tokens, and the num_speculative_tokens tokens that
     followed are proposed; the target model verifies them all in one forward.
 
+    method "draft_model" (vLLM's name; implied when `model` is given without a method): a smaller checkpoint with
+    the target's vocabulary (`model`: a directory, hub id or .gguf file) proposes num_speculative_tokens tokens
+    greedily, in the same process and the same step as the target's verification (runner.draft_model_runner).
+    Its dtype follows the target's; it runs eagerly (no CUDA graphs) and only at tensor_parallel_size 1.
+
     max_batch_size: a step with more running sequences than this runs without drafts. Speculation trades
     extra verified tokens (wasted when rejected) for fewer steps; that pays while a decode step is bound by
     reading the weights, i.e. at small batch. 32 is the default because a 0.6B-class model's decode step
     stays near its weight-read floor up to a few tens of sequences and, past that, rejected draft tokens
     cost real compute; measure the crossover per model and GPU (benchmarks/bench_spec_decode.py)."""
 
-    method: str = "ngram"
+    method: str | None = None          # None: "draft_model" when `model` is given, else "ngram"
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     max_batch_size: int = 32
+    model: str | None = None           # draft_model: the draft checkpoint
 
     def __post_init__(self) -> None:
+        if self.method is None:        # vLLM infers the method from `model`
+            object.__setattr__(self, "method", "ngram" if self.model is None else "draft_model")
         if self.method in NOT_YET_SUPPORTED_METHODS:
             raise ValueError(f"speculative_config.method {self.method!r} is not supported yet; "
                              f"supported: {list(SUPPORTED_METHODS)}")
@@ -47,6 +55,30 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                              f"prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model):
+            raise ValueError(f"speculative_config.method 'draft_model' needs \"model\": the draft checkpoint, "
+                             f"got {self.model!r}")
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError("speculative_config.model is for method 'draft_model', not 'ngram'")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model"
+
+    def check_draft(self, draft_hf_config: Any, target_hf_config: Any, max_model_len: int,
+                    tensor_parallel_size: int) -> None:
+        """ValueError when the draft checkpoint cannot serve this target: another vocabulary size, a context
+        shorter than max_model_len, or tensor parallelism (the draft runs unsharded)."""
+        if tensor_parallel_size != 1:
+            raise ValueError(f"draft_model needs tensor_parallel_size 1 for now, got {tensor_parallel_size}")
+        draft_vocab, target_vocab = getattr(draft_hf_config, "vocab_size", None), target_hf_config.vocab_size
+        if draft_vocab != target_vocab:
+            raise ValueError(f"speculative_config.model {self.model!r} has vocab_size {draft_vocab}, the target "
+                             f"{target_vocab}: a draft model must share the target's tokenizer and vocabulary")
+        draft_len = getattr(draft_hf_config, "max_position_embeddings", None)
+        if draft_len is not None and draft_len < max_model_len:
+            raise ValueError(f"speculative_config.model {self.model!r} handles {draft_len} positions, fewer than "
+                             f"max_model_len={max_model_len}: lower max_model_len to {draft_len}")
 
     @classmethod
     def from_value(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:

@@ -113,8 +113,8 @@ class EngineCore:
             from nv_engine.core.kv_events.publisher import KVEventPublisher
 
             self.kv_event_publisher = KVEventPublisher(config.kv_events_config)
-        spec = self.speculative = (None if config.speculative_config is None
-                                   else SpeculativeDecoding(config.speculative_config))
+        spec = self.speculative = (None if config.speculative_config is None else SpeculativeDecoding(
+            config.speculative_config, config.block_size, config.max_num_batched_tokens))
         self.scheduler = Scheduler(
             num_blocks=self.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
@@ -122,7 +122,7 @@ class EngineCore:
             enable_kv_cache_events=self.kv_event_publisher is not None,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             propose=None if spec is None else spec.proposer.propose)
-        self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq)
+        self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq, spec and spec.draft_planner)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         # structured outputs: grammars compile off the step; the tokenizer is loaded at the first one
         # unless the frontend shares its own (an in-process LLMEngine)
@@ -259,7 +259,7 @@ class EngineCore:
             self.grammar_sampling.sample(self.live_executor())   # structured outputs: a step launched unsampled
             result = launched.result if launched.result is not None else self._collect()
             for seq in (scheduler.postprocess(out, result.token_ids) if self.speculative is None else
-                        scheduler.postprocess_runs(out, self.speculative.runs(result.token_ids, len(out.sampling)))):
+                        scheduler.postprocess_runs(out, self.speculative.runs(out, result.token_ids))):
                 self.step_builder.release(seq.seq_id)
         if launched.prompt_logprobs is not None:
             record_prompt_logprobs(out, launched.prompt_logprobs, result)

@@ -19,7 +19,7 @@ class EngineSequence(Sequence):
     prompt_logprobs: for the sequence that computes a request's prompt logprobs (completion 0), the
     entries so far, entry j for prompt position j + 1; None for every other sequence."""
 
-    __slots__ = ("index", "num_reported", "params", "prompt_logprobs", "reported_finished",
+    __slots__ = ("draft_computed_tokens", "index", "num_reported", "params", "prompt_logprobs", "reported_finished",
                  "reports_each_token", "request_id", "seed")
 
     def __init__(self, prompt_token_ids: Iterable[int], rules: StopRules, *, request_id: str,
@@ -33,6 +33,9 @@ class EngineSequence(Sequence):
         self.num_reported = 0
         self.reported_finished = False
         self.prompt_logprobs: list[SampleLogprobs] | None = None
+        # draft_model speculative decoding: positions [0, this) hold the draft model's valid KV (-1: not yet
+        # scheduled; spec_decode.draft_model_planner keeps it)
+        self.draft_computed_tokens = -1
         if index == 0 and params.prompt_logprobs is not None:
             self.prompt_logprobs = []
             self.skip_prefix_cache = True    # every prompt position must be computed

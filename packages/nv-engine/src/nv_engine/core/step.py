@@ -94,6 +94,24 @@ class PromptLogprobsResult:
 
 
 @dataclass
+class DraftInputs:
+    """draft_model speculative decoding: the draft model's forwards of one step, run before the target's (built by
+    spec_decode.draft_model_planner, run by runner.draft_model_runner). Sequence indices count the step's S
+    sampling sequences; the drafts form an [S, K] tensor on the device (K = StepInput.draft_ids' width)."""
+
+    # prefill-layout forwards over the tokens whose draft KV is missing, up to each sequence's last non-draft token;
+    # the logits rows of catchup[n] predict draft 1 of the sampling sequences catchup_seqs[n] ([D_n] each)
+    catchup: list[StepInput]
+    catchup_seqs: list[np.ndarray]
+    # decode-layout forward j - 1 (j = 1 .. K-1) feeds draft j of the sequences proposal_seqs[j - 1] (those with
+    # more than j drafts), at position num_computed + j; its logits give their draft j + 1
+    proposals: list[StepInput]
+    proposal_seqs: list[np.ndarray]
+    target_rows: np.ndarray      # [N] int64 rows of the target's input ids that hold a draft ...
+    draft_index: np.ndarray      # [N] int64 ... whose index in the flattened [S * K] drafts is this
+
+
+@dataclass
 class StepInput:
     """One step's model inputs (picklable: workers of other ranks receive it)."""
 
@@ -117,6 +135,7 @@ class StepInput:
     # sequence (its draft slots, then the bonus slot, the last row repeated as padding)
     draft_ids: np.ndarray | None = None    # [S, K] int64, 0 past num_drafts
     num_drafts: np.ndarray | None = None   # [S] int64 in [0, K]
+    draft: DraftInputs | None = None       # draft_model: draft_ids are placeholders the draft model fills in
 
     @property
     def num_tokens(self) -> int:

@@ -8,18 +8,25 @@ Idea from vLLM v1's persistent input batch / block table.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from nv_engine.core.block_table_cache import BlockTableCache
 from nv_engine.core.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepInput
 from nv_kvcache import SchedulerOutput
 
+if TYPE_CHECKING:
+    from nv_engine.spec_decode.draft_model_planner import DraftModelPlanner
+
 
 class StepBuilder:
-    """Builds StepInputs; owns the block-table cache. One per engine (rank 0)."""
+    """Builds StepInputs; owns the block-table cache. One per engine (rank 0). draft_planner: draft_model
+    speculative decoding, which adds the draft model's forwards to a step (StepInput.draft)."""
 
-    def __init__(self, block_size: int, max_blocks_per_seq: int) -> None:
+    def __init__(self, block_size: int, max_blocks_per_seq: int, draft_planner: DraftModelPlanner | None = None) -> None:
         self.block_size = block_size
+        self.draft_planner = draft_planner
         self.blocks = BlockTableCache(max_blocks_per_seq)
         # [S] block-table rows of the last built step's sampling entries, in sampling order: how a
         # following step finds the sampled id of each of its placeholder tokens
@@ -101,12 +108,15 @@ class StepBuilder:
                 if (prev_src < 0).any():
                     raise RuntimeError("a placeholder token of a sequence the previous step did not sample")
         self._sampled_rows = sampled_rows
-        return StepInput(
+        step = StepInput(
             input_ids=input_ids, positions=positions, slot_mapping=slot_mapping, seq_lens=seq_lens,
             cu_seqlens_q=cu_seqlens_q, block_tables=block_tables, logits_indices=logits_indices,
             is_decode=out.is_pure_decode, max_seqlen_q=max_seqlen_q if num_seqs else 0,
             max_seqlen_k=max_seqlen_k, sampling=sampling, prev_rows=prev_rows, prev_src=prev_src,
             prompt_logprobs=prompt_batch, draft_ids=draft_ids, num_drafts=num_drafts)
+        if self.draft_planner is not None and num_seqs:
+            step.draft = self.draft_planner.plan(out, step)
+        return step
 
     @staticmethod
     def _verification_rows(out: SchedulerOutput, last_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -19,15 +19,18 @@ class DraftVerifier:
     def __init__(self) -> None:
         self.rejection_sampler = RejectionSampler()
 
-    def __call__(self, logits: torch.Tensor, step: StepInput, tensors: SamplingTensors) -> SamplerOutput:
-        """logits: [S * (K+1), V] at step.logits_indices. Returns the emitted runs flattened to [S * (K+1)]
-        token ids, K+1 per sequence, padded with -1 after each run."""
+    def __call__(self, logits: torch.Tensor, step: StepInput, tensors: SamplingTensors,
+                 draft_ids: torch.Tensor | None = None) -> SamplerOutput:
+        """logits: [S * (K+1), V] at step.logits_indices; draft_ids: [S, K] on the device (a draft model's),
+        None: step.draft_ids. Returns the emitted runs flattened to [S * (K+1)] token ids, K+1 per sequence,
+        padded with -1 after each run."""
         if step.draft_ids is None or step.num_drafts is None:
             raise RuntimeError("DraftVerifier needs a step with draft tokens")
         if tensors.any_logits_processing or tensors.any_penalties or tensors.need_logprobs or tensors.num_logprobs:
             raise RuntimeError("a step with draft tokens has rows that need logprobs, penalties or token bans")
         device = logits.device
-        draft_ids = torch.from_numpy(step.draft_ids).to(device)                    # [S, K]
+        if draft_ids is None:
+            draft_ids = torch.from_numpy(step.draft_ids).to(device)                # [S, K]
         num_drafts = torch.from_numpy(step.num_drafts).to(device)                  # [S]
         slots = draft_ids.shape[1] + 1
         slot_offsets = torch.arange(slots, device=device).repeat(draft_ids.shape[0])  # [S * (K+1)]

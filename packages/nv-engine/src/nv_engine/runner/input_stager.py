@@ -40,14 +40,17 @@ class StagedStep(NamedTuple):
 
 class InputStager:
     def __init__(self, backend: AttentionBackend, *, max_model_len: int, max_blocks_per_seq: int,
-                 max_num_batched_tokens: int, max_num_seqs: int, device: torch.device) -> None:
+                 max_num_batched_tokens: int, max_num_seqs: int, device: torch.device,
+                 num_speculative_tokens: int = 0) -> None:
         self.backend = backend
         self.max_model_len = max_model_len
         self.max_blocks = max_blocks_per_seq
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
         # int64: ids, positions, slots [T each] + logits indices [S] + previous-step gather [K, K];
-        # decode also seeds and sampling positions [2, B]
-        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 5 * max_num_seqs + 8, device)
+        # decode also seeds and sampling positions [2, B]; a step verifying k drafts per sequence has
+        # S * (k+1) logits indices (its ids, positions and slots stay within the token budget)
+        verified_rows = max_num_seqs * (num_speculative_tokens + 1) if num_speculative_tokens else 0
+        self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 5 * max_num_seqs + verified_rows + 8, device)
         # int32: seq lens [B], cu_seqlens [B+1] (decode: temperatures' float32 bits [B]), block tables [B, M];
         # or a dummy mixed step's [T], [T+1], [T, 1]
         self.i32 = StagingBuffer(torch.int32, max(2 * max_num_seqs + 1 + max_num_seqs * max_blocks_per_seq,

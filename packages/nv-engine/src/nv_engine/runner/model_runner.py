@@ -18,7 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -26,9 +26,10 @@ import torch.distributed as dist
 
 from nv_engine import envs
 from nv_engine.config.engine_config import EngineConfig
-from nv_engine.core.step import PromptLogprobsResult, SamplingBatch, StepInput, StepResult
+from nv_engine.core.step import PromptLogprobsResult, StepInput, StepResult
 from nv_engine.model_loader.registry import get_model_class
 from nv_engine.runner.cuda_graphs import DecodeGraphs
+from nv_engine.runner.draft_model_runner import DraftModelRunner
 from nv_engine.runner.draft_verifier import DraftVerifier
 from nv_engine.runner.dummy_step_profiler import CausalLM, DummyStepProfiler, KVCacheLayer
 from nv_engine.runner.head_graphs import HeadRun, SampledHeadGraphs
@@ -39,6 +40,7 @@ from nv_engine.runner.mixed_graphs import MixedStepGraphs, mixed_graph_sizes
 from nv_engine.runner.prompt_logprobs_head import PromptLogprobsHead
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
+from nv_engine.runner.unsampled_step import UnsampledStep
 from nv_kernels import get_backend
 from nv_kernels.fused_dispatch import set_fused_ops
 from nv_kernels.kv_layout import allocate_kv_cache
@@ -71,14 +73,6 @@ def runner_device(config: EngineConfig, rank: int) -> torch.device:
     return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
 
 
-class _UnsampledStep(NamedTuple):
-    """A step launched with defer_sampling: its logits wait for `sample()`."""
-
-    logits: torch.Tensor                               # [S, V]
-    sampling: SamplingBatch | None
-    prompt_logprobs: PromptLogprobsResult | None
-
-
 class ModelRunner:
     # ---- construction ------------------------------------------------------------------------
     def __init__(self, config: EngineConfig, rank: int = 0) -> None:
@@ -102,6 +96,8 @@ class ModelRunner:
                                  f"(kv_cache_dtype={config.kv_cache_dtype!r}); use one of {FP8_KV_BACKENDS}")
             logger.info("attention backend %s cannot read an FP8 KV cache: using triton", self.backend.name)
             self.backend = get_backend("triton", self.device)
+        spec = config.speculative_config      # draft_model: the draft model, its KV cache and staging (eager)
+        self.draft_runner = DraftModelRunner(config, self.device, self.backend) if spec and spec.model else None
         self.sampler = Sampler()
         self.draft_verifier = DraftVerifier()
         self.sampling_tensors = SamplingTensorsSource(self.device)
@@ -120,11 +116,12 @@ class ModelRunner:
         self.stager = InputStager(self.backend, max_model_len=config.max_model_len,
                                   max_blocks_per_seq=config.max_blocks_per_seq,
                                   max_num_batched_tokens=config.max_num_batched_tokens,
-                                  max_num_seqs=self.max_batch, device=self.device)
+                                  max_num_seqs=self.max_batch, device=self.device,
+                                  num_speculative_tokens=spec.num_speculative_tokens if spec else 0)
         self.results = ResultCopier(self.max_batch, self.device)
         self.prompt_logprobs = PromptLogprobsHead(self.model, self.device, self.is_driver)
         self.last_sampled: torch.Tensor | None = None   # [S] sampled ids of the last launched step
-        self.unsampled: _UnsampledStep | None = None     # a defer_sampling step waiting for sample()
+        self.unsampled: UnsampledStep | None = None     # a defer_sampling step waiting for sample()
         # With the symmetric-memory all-reduce, rank 0 polls an event per launched step instead of
         # blocking on it: a dead peer's barrier never returns (see parallel_state.mark_tp_group_aborted).
         self.launched_events: deque[torch.cuda.Event] = deque()
@@ -135,8 +132,9 @@ class ModelRunner:
 
     def kv_block_bytes(self) -> int:
         itemsize = torch.empty(0, dtype=self.config.kv_dtype).element_size()   # 1 for FP8
-        return sum(2 * self.config.block_size * layer.num_kv_heads * layer.head_dim * itemsize
-                   for layer in self.attention_layers)
+        draft = self.draft_runner.kv_block_bytes() if self.draft_runner is not None else 0   # draft_model's
+        return draft + sum(2 * self.config.block_size * layer.num_kv_heads * layer.head_dim * itemsize
+                           for layer in self.attention_layers)
 
     # ---- KV cache sizing ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -188,6 +186,8 @@ class ModelRunner:
             kv, layer.k_cache, layer.v_cache = allocate_kv_cache(
                 num_blocks, config.block_size, layer.num_kv_heads, layer.head_dim, config.kv_dtype, self.device)
             self.kv_caches.append(kv)
+        if self.draft_runner is not None:           # the same blocks in the draft model's own KV tensors
+            self.draft_runner.allocate_kv_cache(num_blocks)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB, dtype %s (kv_cache_dtype=%s)%s",
                     num_blocks, config.block_size, num_blocks * config.block_size,
                     num_blocks * self.kv_block_bytes() / (1 << 30), str(config.kv_dtype).removeprefix("torch."),
@@ -291,6 +291,7 @@ class ModelRunner:
         graphs = self.graphs if step.is_decode else None
         padded = graphs.padded_size(batch) if graphs is not None else None
         mixed = None
+        drafts = self.draft_runner.propose(step) if self.draft_runner is not None else None   # draft_model: [S, K]
         if padded is None and self.mixed_graphs is not None:
             mixed = self.mixed_graphs.padded_size(step.num_tokens)
         staged = (self.stager.stage_decode(padded, step) if padded is not None
@@ -299,6 +300,8 @@ class ModelRunner:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
             staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
+        if drafts is not None:
+            DraftModelRunner.fill_target_ids(staged.ids, drafts, step)
         prompt_logprobs = None                 # PromptLogprobsResult: only eager steps carry prompt rows
         if graphs is not None and padded is not None:
             hidden = graphs.replay(padded, batch)                         # [B, H]
@@ -324,11 +327,11 @@ class ModelRunner:
                 self._record_launched()
             return
         if step.defer_sampling:
-            self.unsampled = _UnsampledStep(logits, step.sampling, prompt_logprobs)
+            self.unsampled = UnsampledStep(logits, step.sampling, prompt_logprobs)
             return
         if step.num_drafts is not None:        # speculative decoding: K+1 rows per sequence, eager or mixed graphs
             tensors = self.sampling_tensors.for_step(step.sampling, len(step.num_drafts))
-            self._sampled(self.draft_verifier(logits, step, tensors), prompt_logprobs)
+            self._sampled(self.draft_verifier(logits, step, tensors, drafts), prompt_logprobs)
             return
         self._sample(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]), prompt_logprobs)
 
@@ -377,21 +380,18 @@ class ModelRunner:
 
     # ---- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
-        if self.head_graphs is not None:
-            self.head_graphs.release()
-            self.head_graphs = None
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
-        if self.mixed_graphs is not None:
-            self.mixed_graphs.release()
-            self.mixed_graphs = None
+        for graphs in (self.head_graphs, self.graphs, self.mixed_graphs):
+            if graphs is not None:
+                graphs.release()
+        self.head_graphs = self.graphs = self.mixed_graphs = None
         if self.owns_custom_all_reduce:
             release_custom_all_reduce()
             self.owns_custom_all_reduce = False
         for layer in self.attention_layers:
             layer.k_cache = torch.empty(0)
             layer.v_cache = torch.empty(0)
+        if self.draft_runner is not None:
+            self.draft_runner.release()
         self.kv_caches = []
         self.unsampled = None
         self.launched_events.clear()

@@ -5,21 +5,33 @@ sequences); the step verifies them in one forward (several query tokens on top o
 prefill path: such a step is not a pure decode, so it runs eagerly or in a mixed-batch CUDA graph, never in a
 decode graph); the runner's DraftVerifier emits each sequence's run, K+1 ids per sequence padded with -1, which
 `runs` splits for Scheduler.postprocess_runs. Steps run synchronously (the drafts of step N+1 are proposed from
-step N's tokens). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs,
+step N's tokens). With method "draft_model" the scheduler budgets placeholder drafts and a DraftModelPlanner tells
+the runner's DraftModelRunner what the draft model computes in the step (its docstring). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs,
 penalties, bans, logit bias, allowed ids, min_tokens, a grammar) turns drafting off for every step while it runs.
 """
 from __future__ import annotations
 
 from nv_engine.config.speculative_config import SpeculativeConfig
 from nv_engine.sampling_params import SamplingParams
+from nv_engine.spec_decode.draft_model_planner import DraftModelPlanner
 from nv_engine.spec_decode.ngram_proposer import NgramProposer
+from nv_kvcache import SchedulerOutput
 
 
 class SpeculativeDecoding:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    """block_size and max_num_batched_tokens: the engine's (a draft model's catch-up forwards are cut to the
+    latter)."""
+
+    def __init__(self, config: SpeculativeConfig, block_size: int, max_num_batched_tokens: int) -> None:
         self.config = config
-        self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
-                                      config.prompt_lookup_max)
+        self.draft_planner: DraftModelPlanner | None = None
+        self.proposer: NgramProposer | DraftModelPlanner
+        if config.uses_draft_model:
+            self.proposer = self.draft_planner = DraftModelPlanner(config.num_speculative_tokens, block_size,
+                                                                   max_num_batched_tokens)
+        else:
+            self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
+                                          config.prompt_lookup_max)
 
     @staticmethod
     def verifiable(params: SamplingParams) -> bool:
@@ -32,11 +44,14 @@ class SpeculativeDecoding:
         """The scheduler's spec_max_batch_size for the next step (0: no drafts)."""
         return 0 if num_unverifiable_requests else self.config.max_batch_size
 
-    @staticmethod
-    def runs(token_ids: list[int], num_sequences: int) -> list[list[int]]:
-        """A verified step's StepResult ids ([S * (K+1)], -1 padded) -> each sequence's emitted run; a step
-        without drafts has one id per sequence."""
+    def runs(self, out: SchedulerOutput, token_ids: list[int]) -> list[list[int]]:
+        """A verified step's StepResult ids ([S * (K+1)], -1 padded) -> each sampling sequence's emitted run; a step
+        without drafts has one id per sequence. Call it before Scheduler.postprocess_runs (which clears the drafts)."""
+        num_sequences = len(out.sampling)
         if num_sequences == 0:
             return []
         width = len(token_ids) // num_sequences
-        return [[t for t in token_ids[i * width:(i + 1) * width] if t >= 0] for i in range(num_sequences)]
+        runs = [[t for t in token_ids[i * width:(i + 1) * width] if t >= 0] for i in range(num_sequences)]
+        if self.draft_planner is not None and out.num_draft_tokens:
+            self.draft_planner.accepted(out, runs)
+        return runs

@@ -1,0 +1,115 @@
+"""DraftModelRunner: the draft model of draft_model speculative decoding, inside the target's ModelRunner.
+
+The draft model lives on the target's device and process (tensor_parallel_size 1), with a paged KV cache of its own
+per layer: [num_blocks, block_size, Hkv_draft, D_draft] for K and V, with the target's number of blocks and block
+size, addressed through the target's block tables and slot mapping. So one BlockManager owns both caches' blocks
+(prefix caching, preemption by recompute, freeing), and the KV-cache sizing counts both models' bytes per block.
+Its KV is kept in the model dtype (an FP8 target cache does not make the draft's FP8).
+
+Per step with StepInput.draft (built by spec_decode.draft_model_planner), before the target's forward: the
+catch-up forwards (prefill layout) over the tokens the draft has not computed, whose logits give each drafting
+sequence's draft 1, then K-1 decode-layout forwards, each feeding the previous drafts; drafts are the argmax
+(greedy drafting: a point-mass proposal, which the RejectionSampler's rule verifies exactly at any target
+temperature). Everything runs eagerly (no CUDA graphs) with its own InputStager, so the target's staged inputs
+are untouched; the drafts stay on the device, go into the target's input ids and to the DraftVerifier.
+"""
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+
+from nv_engine.config.engine_config import EngineConfig
+from nv_engine.core.step import StepInput
+from nv_engine.model_loader.model_path import load_hf_config
+from nv_engine.model_loader.registry import get_model_class
+from nv_engine.runner.dummy_step_profiler import CausalLM, KVCacheLayer
+from nv_engine.runner.input_stager import InputStager
+from nv_kernels import AttentionBackend
+from nv_kernels.kv_layout import allocate_kv_cache
+from nv_layers.forward_context import forward_context
+from nv_layers.loader import build_model
+
+
+class DraftModelRunner:
+    def __init__(self, config: EngineConfig, device: torch.device, backend: AttentionBackend) -> None:
+        spec = config.speculative_config
+        if spec is None or spec.model is None:
+            raise ValueError("DraftModelRunner needs speculative_config with a draft model")
+        if config.tensor_parallel_size != 1:
+            raise ValueError(f"draft_model needs tensor_parallel_size 1 for now, got {config.tensor_parallel_size}")
+        hf_config = load_hf_config(spec.model)
+        self.model = cast(CausalLM, build_model(get_model_class(hf_config), hf_config, spec.model,
+                                                dtype=config.dtype, device=device))
+        self.attention_layers = cast(list[KVCacheLayer], [m for m in self.model.modules()
+                                                          if hasattr(m, "k_cache") and hasattr(m, "v_cache")])
+        if not self.attention_layers:
+            raise ValueError(f"the draft model {type(self.model).__name__} has no attention layers with a KV cache")
+        self.config, self.device = config, device
+        self.kv_dtype = config.dtype
+        self.stager = InputStager(backend, max_model_len=config.max_model_len,
+                                  max_blocks_per_seq=config.max_blocks_per_seq,
+                                  max_num_batched_tokens=config.max_num_batched_tokens,
+                                  max_num_seqs=config.max_num_seqs, device=device,
+                                  num_speculative_tokens=spec.num_speculative_tokens)
+        self.kv_caches: list[torch.Tensor] = []
+
+    def kv_block_bytes(self) -> int:
+        """The draft's KV bytes per block (all its layers, K and V)."""
+        itemsize = torch.empty(0, dtype=self.kv_dtype).element_size()
+        return sum(2 * self.config.block_size * layer.num_kv_heads * layer.head_dim * itemsize
+                   for layer in self.attention_layers)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """The draft's caches with the target's num_blocks (zeroed: a position never written reads as zeros)."""
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            kv, layer.k_cache, layer.v_cache = allocate_kv_cache(
+                num_blocks, self.config.block_size, layer.num_kv_heads, layer.head_dim, self.kv_dtype, self.device)
+            self.kv_caches.append(kv)
+
+    @torch.inference_mode()
+    def propose(self, step: StepInput) -> torch.Tensor | None:
+        """Run the step's draft forwards; [S, K] int64 drafts on the device (0 past a sequence's drafts), or None
+        when the step verifies no drafts (the draft only caught up, or has nothing to do: step.draft None)."""
+        draft = step.draft
+        if draft is None:
+            return None
+        width = 0 if step.draft_ids is None else int(step.draft_ids.shape[1])
+        num_seqs = len(step.logits_indices) // (width + 1) if width else 0
+        drafts = torch.zeros(num_seqs, max(width, 1), dtype=torch.int64, device=self.device)   # [S, K]
+        for inputs, seqs in zip(draft.catchup, draft.catchup_seqs, strict=True):
+            logits = self._forward(inputs, None, need_logits=len(seqs) > 0)                    # [D, V]
+            if logits is not None:
+                drafts[torch.from_numpy(seqs).to(self.device), 0] = logits.argmax(dim=-1)
+        for j, (inputs, seqs) in enumerate(zip(draft.proposals, draft.proposal_seqs, strict=True), start=1):
+            rows = torch.from_numpy(seqs).to(self.device)                                      # [D_j]
+            logits = self._forward(inputs, drafts[rows, j - 1], need_logits=True)               # [D_j, V]
+            if logits is not None:
+                drafts[rows, j] = logits.argmax(dim=-1)
+        return drafts if width else None
+
+    def _forward(self, inputs: StepInput, ids: torch.Tensor | None, need_logits: bool) -> torch.Tensor | None:
+        """One eager forward of the draft model on `inputs` (ids: its input ids on the device instead of
+        inputs.input_ids); the logits of inputs.logits_indices (decode layout: every row) when need_logits."""
+        staged = self.stager.stage_eager(inputs)
+        if ids is not None:
+            staged.ids.copy_(ids)
+        with forward_context(staged.ctx):
+            hidden = self.model(staged.ids, staged.positions)                                  # [T, H]
+            return self.model.compute_logits(hidden) if need_logits else None
+
+    @staticmethod
+    def fill_target_ids(ids: torch.Tensor, drafts: torch.Tensor, step: StepInput) -> None:
+        """Write the [S, K] drafts into the step's staged target input ids ([T] or padded) at their rows."""
+        if step.draft is None:
+            raise RuntimeError("fill_target_ids needs a step with draft inputs")
+        rows = torch.from_numpy(step.draft.target_rows).to(ids.device)                         # [N]
+        index = torch.from_numpy(step.draft.draft_index).to(ids.device)                        # [N]
+        ids[rows] = drafts.reshape(-1)[index]
+
+    def release(self) -> None:
+        for layer in self.attention_layers:
+            layer.k_cache = torch.empty(0)
+            layer.v_cache = torch.empty(0)
+        self.kv_caches = []
