@@ -1,0 +1,219 @@
+"""Speculative decoding with a draft model end to end on CPU.
+
+- Greedy output token-identical with and without drafts, with the target as its own draft (every draft accepted)
+  and with a different tiny draft of the same vocabulary (fewer accepted); plain, prefix caching, forced
+  preemption, chunked prefill; k = 8 at a full token budget (the runner's staging must hold S * (k+1) rows).
+- Sampling at temperature 1: the first generated tokens' distribution with drafts matches the one without (a
+  chi-square two-sample test), and the same test rejects a broken rejection rule.
+- The engine arguments: LLM keyword, `nv serve --speculative-config`, errors for a draft that cannot serve.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from nv_engine import LLM, EngineArgs, SamplingParams
+from nv_kvcache import SchedulerStats
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+VARIANTS = {      # "prefix-cache" generates twice: the second round hits the cached prompt blocks
+    "plain": {"enable_prefix_caching": False},
+    "prefix-cache": {"enable_prefix_caching": True, "block_size": 16},
+    "preemption": {"num_gpu_blocks_override": 8, "block_size": 16, "max_model_len": 96},
+    "chunked-prefill": {"max_num_batched_tokens": 16, "block_size": 8},
+}
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    """Four prompts: repeated patterns of several lengths, the last two sharing their first 24 tokens."""
+    base = [([(7 * i + j * 13) % (vocab - 1) + 1 for j in range(5)] * 8)[: 20 + 5 * i] for i in range(3)]
+    return [*base, base[2][:24] + [3, 1, 4, 1, 5, 9, 2, 6]]
+
+
+def generate(model_dir, token_prompts, params, **kwargs) -> tuple[list[list[int]], SchedulerStats]:
+    """The outputs (of both rounds when prefix caching is asked for) and the scheduler's counters."""
+    llm = LLM(str(model_dir), **kwargs)
+    try:
+        rounds = 2 if kwargs.get("enable_prefix_caching") else 1
+        outputs = [o.outputs[0].token_ids for _ in range(rounds)
+                   for o in llm.generate([{"prompt_token_ids": p} for p in token_prompts], params, use_tqdm=False)]
+        stats = llm.llm_engine.scheduler.stats()
+        if rounds == 2:
+            assert stats.prefix_cache_hits > 0
+        return outputs, stats
+    finally:
+        llm.shutdown()
+
+
+def draft_config(draft_dir, k: int = 3, **extra) -> dict:
+    return {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k, **extra}
+
+
+@pytest.fixture(scope="module")
+def other_draft_dir(make_tiny_checkpoint):
+    """A smaller random Qwen3 with the target's vocabulary (and tokenizer)."""
+    return make_tiny_checkpoint("qwen3", seed=7, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                                num_attention_heads=2, num_key_value_heads=1)
+
+
+@pytest.fixture(scope="module")
+def references(tiny_qwen3_dir) -> dict[str, list[list[int]]]:
+    """Greedy outputs without speculation, per variant, computed once."""
+    return {name: generate(tiny_qwen3_dir, prompts(384), GREEDY, **kwargs)[0] for name, kwargs in VARIANTS.items()}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_target_as_its_own_draft_accepts_every_draft(tiny_qwen3_dir, references, variant):
+    kwargs = VARIANTS[variant]
+    spec, stats = generate(tiny_qwen3_dir, prompts(384), GREEDY, speculative_config=draft_config(tiny_qwen3_dir),
+                           **kwargs)
+    assert spec == references[variant]
+    assert stats.num_draft_tokens > 0
+    assert stats.num_accepted_tokens == stats.num_draft_tokens
+    if variant == "preemption":
+        assert stats.num_preemptions > 0
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_other_draft_is_lossless(tiny_qwen3_dir, other_draft_dir, references, variant):
+    kwargs = VARIANTS[variant]
+    spec, stats = generate(tiny_qwen3_dir, prompts(384), GREEDY, speculative_config=draft_config(other_draft_dir),
+                           **kwargs)
+    assert spec == references[variant]
+    assert stats.num_draft_tokens > stats.num_accepted_tokens
+    if variant == "preemption":
+        assert stats.num_preemptions > 0
+
+
+def test_eight_drafts_at_a_full_token_budget(tiny_qwen3_dir):
+    """64 sequences x (1 + 8 drafts) = the whole budget of 576 tokens: 576 verified rows, more than the staging
+    buffer held before it was sized for S * (k+1)."""
+    token_prompts = [[(5 * i + 3 * j) % 380 + 1 for j in range(6)] for i in range(64)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    kwargs = {"max_num_seqs": 64, "max_num_batched_tokens": 576, "block_size": 16}
+    reference, _ = generate(tiny_qwen3_dir, token_prompts, params, **kwargs)
+    spec, stats = generate(tiny_qwen3_dir, token_prompts, params, **kwargs,
+                           speculative_config=draft_config(tiny_qwen3_dir, k=8, max_batch_size=64))
+    assert spec == reference
+    assert stats.num_accepted_tokens == stats.num_draft_tokens >= 64 * 8
+
+
+def test_smollm2_as_its_own_draft(smollm2_dir):
+    """One engine (SmolLM2 loads in seconds): the reference is a request with logprobs, which turns drafting off."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    batch = [{"prompt_token_ids": tokenizer("The capital of France is")["input_ids"]}]
+    llm = LLM(str(smollm2_dir), max_model_len=128, speculative_config=draft_config(smollm2_dir, k=4))
+    try:
+        reference = llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=12, logprobs=1), use_tqdm=False)
+        assert llm.llm_engine.scheduler.stats().num_draft_tokens == 0
+        spec = llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert spec[0].outputs[0].token_ids == reference[0].outputs[0].token_ids
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
+
+
+# ---- sampling: the distribution is kept ------------------------------------------------------------------------
+SAMPLES = 2000
+STAT_PROMPT = [1, 5, 9, 3, 7, 2, 11, 4]
+
+
+def chi_square_critical(df: int, z: float = 3.72) -> float:
+    """The chi-square quantile at one-sided normal quantile z (3.72: p = 1e-4), Wilson-Hilferty's approximation."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def two_sample_chi_square(a: Counter, b: Counter) -> tuple[float, int]:
+    """(statistic, degrees of freedom) of the homogeneity test of two equal-size samples' counts."""
+    keys = sorted(set(a) | set(b))
+    stat = sum((a[key] - b[key]) ** 2 / (a[key] + b[key]) for key in keys)
+    return stat, len(keys) - 1
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_dir(make_tiny_checkpoint):
+    """Vocabulary 16, weights std 0.3: peaked enough that a greedy draft is accepted about half the time at T = 1."""
+    return make_tiny_checkpoint("qwen3", with_tokenizer=False, vocab_size=16, initializer_range=0.3)
+
+
+def sampled_tokens(model_dir, **kwargs) -> tuple[list[list[int]], SchedulerStats]:
+    """SAMPLES seeded completions of 4 tokens of one prompt; tokens 2 and 3 come from the step that verifies the
+    drafts (2 drafts per sequence) when speculating."""
+    params = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=seed) for seed in range(SAMPLES)]
+    llm = LLM(str(model_dir), max_num_seqs=256, **kwargs)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": STAT_PROMPT}] * SAMPLES, params, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in outputs], llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plain_samples(tiny_vocab_dir) -> list[list[int]]:
+    return sampled_tokens(tiny_vocab_dir)[0]
+
+
+def distribution_gap(plain: list[list[int]], spec: list[list[int]], position: int) -> tuple[float, float]:
+    """(chi-square statistic, its critical value at p = 1e-4) for the tokens at `position`."""
+    stat, df = two_sample_chi_square(Counter(t[position] for t in plain), Counter(t[position] for t in spec))
+    return stat, chi_square_critical(df)
+
+
+def test_sampling_keeps_the_distribution(tiny_vocab_dir, plain_samples):
+    spec, stats = sampled_tokens(tiny_vocab_dir,
+                                 speculative_config=draft_config(tiny_vocab_dir, k=2, max_batch_size=256))
+    assert 0.2 * stats.num_draft_tokens < stats.num_accepted_tokens < 0.9 * stats.num_draft_tokens
+    for position in (1, 2):
+        stat, critical = distribution_gap(plain_samples, spec, position)
+        assert stat < critical, f"token {position}: chi-square {stat:.1f} >= {critical:.1f}"
+
+
+def test_the_distribution_check_rejects_a_broken_rule(tiny_vocab_dir, plain_samples, monkeypatch):
+    """A residual that keeps the rejected draft (p instead of norm(max(p - q, 0))) over-samples the drafts."""
+    from nv_layers.rejection_sampler import RejectionSampler
+
+    monkeypatch.setattr(RejectionSampler, "_residual", staticmethod(lambda probs, drafts, has_draft: probs))
+    spec, _ = sampled_tokens(tiny_vocab_dir, speculative_config=draft_config(tiny_vocab_dir, k=2, max_batch_size=256))
+    stat, critical = distribution_gap(plain_samples, spec, 1)
+    assert stat > critical
+
+
+# ---- arguments -------------------------------------------------------------------------------------------------
+def test_model_without_method_means_draft_model(tiny_qwen3_dir):
+    config = EngineArgs(model=str(tiny_qwen3_dir), speculative_config={"model": str(tiny_qwen3_dir)}) \
+        .create_engine_config()
+    assert config.speculative_config is not None
+    assert config.speculative_config.method == "draft_model"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tensor_parallel_size": 2}, "draft_model needs tensor_parallel_size 1 for now"),
+    ({"max_model_len": 512, "draft": {"max_position_embeddings": 256}}, "handles 256 positions"),
+    ({"draft": {"vocab_size": 400}}, "has vocab_size 400, the target 384"),
+])
+def test_a_draft_that_cannot_serve_is_refused(tiny_qwen3_dir, make_tiny_checkpoint, kwargs, message):
+    kwargs = dict(kwargs)
+    draft = make_tiny_checkpoint("qwen3", num_hidden_layers=1, **kwargs.pop("draft", {}))
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=str(tiny_qwen3_dir), speculative_config=draft_config(draft), **kwargs).create_engine_config()
+
+
+def test_serve_flag_and_llm_keyword(tiny_qwen3_dir):
+    import argparse
+
+    from nv_engine.entrypoints.server.cli import add_serve_parser, engine_kwargs
+
+    value = f'{{"method": "draft_model", "model": "{tiny_qwen3_dir}", "num_speculative_tokens": 2}}'
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    kwargs = engine_kwargs(parser.parse_args(["serve", str(tiny_qwen3_dir), "--speculative-config", value]))
+    assert kwargs["speculative_config"]["model"] == str(tiny_qwen3_dir)
+    config = EngineArgs(model=str(tiny_qwen3_dir), **kwargs).create_engine_config()
+    assert config.speculative_config is not None and config.speculative_config.num_speculative_tokens == 2
