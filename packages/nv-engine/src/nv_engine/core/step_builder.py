@@ -24,7 +24,8 @@ class StepBuilder:
     """Builds StepInputs; owns the block-table cache. One per engine (rank 0). draft_planner: draft_model
     speculative decoding, which adds the draft model's forwards to a step (StepInput.draft)."""
 
-    def __init__(self, block_size: int, max_blocks_per_seq: int, draft_planner: DraftModelPlanner | None = None) -> None:
+    def __init__(self, block_size: int, max_blocks_per_seq: int,
+                 draft_planner: DraftModelPlanner | None = None) -> None:
         self.block_size = block_size
         self.draft_planner = draft_planner
         self.blocks = BlockTableCache(max_blocks_per_seq)

@@ -6,8 +6,9 @@ prefill path: such a step is not a pure decode, so it runs eagerly or in a mixed
 decode graph); the runner's DraftVerifier emits each sequence's run, K+1 ids per sequence padded with -1, which
 `runs` splits for Scheduler.postprocess_runs. Steps run synchronously (the drafts of step N+1 are proposed from
 step N's tokens). With method "draft_model" the scheduler budgets placeholder drafts and a DraftModelPlanner tells
-the runner's DraftModelRunner what the draft model computes in the step (its docstring). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs,
-penalties, bans, logit bias, allowed ids, min_tokens, a grammar) turns drafting off for every step while it runs.
+the runner's DraftModelRunner what the draft model computes in the step (its docstring). A request whose sampling
+needs more than temperature / top-k / top-p / min-p (logprobs, penalties, bans, logit bias, allowed ids,
+min_tokens, a grammar) turns drafting off for every step while it runs.
 """
 from __future__ import annotations
 
