@@ -205,6 +205,40 @@ def test_a_draft_that_cannot_serve_is_refused(tiny_qwen3_dir, make_tiny_checkpoi
         EngineArgs(model=str(tiny_qwen3_dir), speculative_config=draft_config(draft), **kwargs).create_engine_config()
 
 
+def test_server_reports_acceptance_in_metrics(tiny_qwen3_dir, references):
+    """`nv serve`'s app on AsyncLLM (the engine core in its own process) with the target as its own draft: the
+    greedy completion is the one without drafts, and /metrics counts the drafted and accepted tokens."""
+    from types import SimpleNamespace
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nv_engine.entrypoints.server.cli import build_app_for_engine, create_async_llm
+    from nv_engine.entrypoints.server.testing import serve_in_thread
+
+    llm = create_async_llm(str(tiny_qwen3_dir), device="cpu", enable_prefix_caching=False,
+                           speculative_config=draft_config(tiny_qwen3_dir))
+    args = SimpleNamespace(model=str(tiny_qwen3_dir), served_model_name=["tiny"], api_key=None, max_n=1)
+    try:
+        with serve_in_thread(build_app_for_engine(llm, args)) as url:
+            body = {"model": "tiny", "prompt": prompts(384)[0], "max_tokens": GREEDY.max_tokens, "temperature": 0,
+                    "ignore_eos": True}
+            completion = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+            text = httpx.get(url + "/metrics", timeout=10).text
+    finally:
+        llm.shutdown()
+    from transformers import AutoTokenizer
+
+    expected = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir)).decode(references["plain"][0])
+    assert completion["usage"]["completion_tokens"] == GREEDY.max_tokens
+    assert completion["choices"][0]["text"] == expected.rstrip("\ufffd")   # a trailing partial character waits
+    values = {sample.name: sample.value for family in text_string_to_metric_families(text)
+              for sample in family.samples}
+    drafted = values["vllm:spec_decode_num_draft_tokens_total"]
+    assert drafted > 0 and values["vllm:spec_decode_num_accepted_tokens_total"] == drafted
+
+
 def test_serve_flag_and_llm_keyword(tiny_qwen3_dir):
     import argparse
 

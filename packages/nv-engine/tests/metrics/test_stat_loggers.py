@@ -82,6 +82,20 @@ def test_cumulative_scheduler_counters_become_increments():
     assert value(logger.render(), "vllm:num_preemptions_total") == 4
 
 
+def test_speculative_decoding_counters(caplog):
+    prometheus, logging_logger = PrometheusStatLogger("m"), LoggingStatLogger(interval_s=0.0)
+    for drafted, accepted in ((0, 0), (30, 12), (60, 30)):
+        stats = SchedulerStats(1, 0, 0.1, 0, 0, 0, num_draft_tokens=drafted, num_accepted_tokens=accepted)
+        prometheus.record(stats, None)
+        with caplog.at_level(logging.INFO, logger="nv_engine.metrics"):
+            logging_logger.record(stats, None)
+    assert value(prometheus.render(), "vllm:spec_decode_num_draft_tokens_total") == 60
+    assert value(prometheus.render(), "vllm:spec_decode_num_accepted_tokens_total") == 30
+    lines = [r.getMessage() for r in caplog.records if "SpecDecoding" in r.getMessage()]
+    assert lines == ["SpecDecoding metrics: Draft acceptance rate: 40.0%, Accepted: 12 tokens, Drafted: 30 tokens",
+                     "SpecDecoding metrics: Draft acceptance rate: 60.0%, Accepted: 18 tokens, Drafted: 30 tokens"]
+
+
 def test_each_logger_has_its_own_registry_and_cache_info():
     a, b = PrometheusStatLogger("a"), PrometheusStatLogger("b")
     a.record(SchedulerStats(1, 0, 0.5, 0, 0, 0), None)

@@ -1,5 +1,6 @@
 """LoggingStatLogger: one INFO line per interval with the engine's throughput, queues, KV usage and
-prefix-cache hit rate (the line vLLM logs every 10 s)."""
+prefix-cache hit rate (the line vLLM logs every 10 s), and a second with the draft acceptance rate when
+speculative decoding verified drafts in the interval."""
 from __future__ import annotations
 
 import logging
@@ -30,6 +31,8 @@ class LoggingStatLogger:
         self._logged_queries = 0
         self._logged_hits = 0
         self._hit_rate = 0.0
+        self._logged_drafts = 0
+        self._logged_accepted = 0
         self._was_busy = False
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
@@ -57,6 +60,12 @@ class LoggingStatLogger:
             if queries > 0:
                 self._hit_rate = (stats.prefix_cache_hits - self._logged_hits) / queries
             self._logged_queries, self._logged_hits = stats.prefix_cache_queries, stats.prefix_cache_hits
+            drafts = stats.num_draft_tokens - self._logged_drafts
+            accepted = stats.num_accepted_tokens - self._logged_accepted
+            self._logged_drafts, self._logged_accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+            if drafts > 0:
+                logger.info("%sSpecDecoding metrics: Draft acceptance rate: %.1f%%, Accepted: %d tokens, Drafted: %d "
+                            "tokens", self._prefix, 100 * accepted / drafts, accepted, drafts)
         busy = bool(prompt_throughput or generation_throughput)
         level = logging.INFO if busy or self._was_busy else logging.DEBUG
         self._was_busy = busy

@@ -82,6 +82,10 @@ class PrometheusStatLogger:
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of "
                                          "cached tokens.")
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        # speculative decoding (0 without it)
+        self.spec_decode_num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_decode_num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted "
+                                                       "tokens.")
         # tokens
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
@@ -117,9 +121,12 @@ class PrometheusStatLogger:
         self.request_decode_time = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in "
                                              "DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
         self._cache_config_labels: tuple[str, ...] | None = None
-        self._last_queries = 0
-        self._last_hits = 0
-        self._last_preemptions = 0
+        # SchedulerStats' cumulative counters -> the Counter each feeds, and the value last recorded
+        self._cumulative: list[tuple[str, Counter]] = [
+            ("prefix_cache_queries", self.prefix_cache_queries), ("prefix_cache_hits", self.prefix_cache_hits),
+            ("num_preemptions", self.num_preemptions), ("num_draft_tokens", self.spec_decode_num_draft_tokens),
+            ("num_accepted_tokens", self.spec_decode_num_accepted_tokens)]
+        self._last_counts = dict.fromkeys([name for name, _ in self._cumulative], 0)
 
     def set_cache_config_info(self, *, block_size: int, num_gpu_blocks: int, kv_cache_dtype: str,
                               enable_prefix_caching: bool) -> None:
@@ -154,19 +161,12 @@ class PrometheusStatLogger:
             self.num_requests_running.set(scheduler_stats.num_running)
             self.num_requests_waiting.set(scheduler_stats.num_waiting)
             self.kv_cache_usage_perc.set(scheduler_stats.kv_cache_usage)
-            queries, hits = scheduler_stats.prefix_cache_queries, scheduler_stats.prefix_cache_hits
-            preemptions = scheduler_stats.num_preemptions
-            if queries != self._last_queries:
-                self.prefix_cache_queries.inc(queries - self._last_queries if queries > self._last_queries
-                                              else queries)
-                self._last_queries = queries
-            if hits != self._last_hits:
-                self.prefix_cache_hits.inc(hits - self._last_hits if hits > self._last_hits else hits)
-                self._last_hits = hits
-            if preemptions != self._last_preemptions:
-                self.num_preemptions.inc(preemptions - self._last_preemptions
-                                         if preemptions > self._last_preemptions else preemptions)
-                self._last_preemptions = preemptions
+            last_counts = self._last_counts
+            for name, counter in self._cumulative:
+                count, last = getattr(scheduler_stats, name), last_counts[name]
+                if count != last:
+                    counter.inc(count - last if count > last else count)
+                    last_counts[name] = count
         if iteration_stats is None:
             return
         prompt, generation = iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens
