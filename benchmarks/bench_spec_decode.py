@@ -1,9 +1,20 @@
-"""Speculative decoding (ngram prompt lookup) against plain decoding through `LLM`: ms per output token, speedup
-and acceptance rate at small batch, on a repetitive workload and on random prompts; then throughput at a large
-batch with speculation configured (it turns itself off above speculative_config's max_batch_size).
+"""Speculative decoding (ngram prompt lookup, or a draft model) against plain decoding through `LLM`: ms per output
+token, speedup and acceptance rate at small batch, on a repetitive workload and on random prompts; then throughput
+at a large batch with speculation configured (it turns itself off above speculative_config's max_batch_size).
 
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b [--batches 1,8] [--k 3]
     python3 benchmarks/bench_spec_decode.py --model DIR [--batches 1,8] [--large-batch 256]
+    python3 benchmarks/bench_spec_decode.py --model DIR --draft-model SMALL_DIR [--k 4]      # method draft_model
+    python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-8b --draft-shape qwen3-0.6b
+    python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b --draft-model self
+
+Draft models: --draft-model DIR is a real draft (same tokenizer as --model): the only runs whose acceptance rate
+and speedup mean anything. --draft-shape SHAPE writes a random draft checkpoint of that shape (seed 1, the
+target's vocabulary): a random draft agrees with the target by chance only, so its run measures what drafting
+costs when nearly nothing is accepted (the floor). --draft-model self makes the target its own draft: every
+draft is accepted, at the price of a draft as large as the target, which checks the verification path and bounds
+what a perfect draft of that cost can give. The draft model runs eagerly (no CUDA graphs) in this version, which
+the small-batch figures include.
 
 Workloads (greedy, ignore_eos, --max-tokens outputs per sequence):
 - repetitive: with a real model, prompts that ask to repeat a given code block; with --random-weights, prompts
@@ -79,6 +90,8 @@ def main() -> None:
     parser.add_argument("--lookup-max", type=int, default=4)
     parser.add_argument("--max-batch-size", type=int, default=32, help="speculative_config's max_batch_size")
     parser.add_argument("--large-batch", type=int, default=256, help="throughput check (0: skip)")
+    parser.add_argument("--draft-model", help="method draft_model with this checkpoint ('self': the target)")
+    parser.add_argument("--draft-shape", help="method draft_model with a random draft checkpoint of this shape")
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -89,6 +102,15 @@ def main() -> None:
     random_weights = args.model is None or args.random_weights
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1,
             "prompt_lookup_max": args.lookup_max, "max_batch_size": args.max_batch_size}
+    draft = args.draft_model
+    if args.draft_shape is not None and draft is None:
+        from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
+
+        draft = str(nv_cache_dir() / f"bench-random-{args.draft_shape}-bf16-seed1")
+        write_random_checkpoint(draft, args.draft_shape, dtype="bfloat16", seed=1)
+    if draft is not None:
+        spec = {"method": "draft_model", "model": model if draft == "self" else draft,
+                "num_speculative_tokens": args.k, "max_batch_size": args.max_batch_size}
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     batches = [int(b) for b in args.batches.split(",")]
     results: dict[tuple[str, int, str], float] = {}
@@ -104,6 +126,7 @@ def main() -> None:
                 results[(workload, batch, label)] = ms
                 line = {"workload": workload, "batch": batch, "spec": label, "ms_per_token": round(ms, 4)}
                 if label == "on":
+                    line["method"] = spec["method"]
                     line["speedup"] = round(results[(workload, batch, "off")] / ms, 3)
                     line["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
                     steps = batch * args.max_tokens - accepted
@@ -118,6 +141,7 @@ def main() -> None:
             line = {"workload": "random", "batch": args.large_batch, "spec": label,
                     "output_tokens_per_s": round(tokens_per_s, 1), "drafted": drafted}
             if label == "on":
+                line["method"] = spec["method"]
                 line["throughput_ratio"] = round(tokens_per_s / results[("large", args.large_batch, "off")], 4)
             print(json.dumps(line), flush=True)
         llm.shutdown()
