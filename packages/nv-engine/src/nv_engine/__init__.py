@@ -9,6 +9,7 @@ Where things are (vLLM v1's layout):
     runner/             what runs on every rank: ModelRunner, input staging, CUDA graphs, memory sizing
     model_loader/       model paths, the architecture registry, random-weight checkpoints, GGUF
     structured_output/  JSON schema / regex / grammar constraints with xgrammar
+    spec_decode/        speculative decoding's host side: ngram and draft-model proposers
     metrics/            Prometheus metrics and the periodic stats line
     entrypoints/        LLM (offline API), the `nv` CLI, bench/, server/ (`nv serve`), ray_serve/
     sampling_params.py  SamplingParams
