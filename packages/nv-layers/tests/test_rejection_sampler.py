@@ -89,3 +89,61 @@ class _ResidualKeepsDraft(RejectionSampler):
 def test_the_distribution_check_catches_a_wrong_residual():
     first, _ = first_two_frequencies(_ResidualKeepsDraft(), SLOT_LOGITS, [3, 0])
     assert (first - target(SLOT_LOGITS[0])).abs().max() > 3 * TOLERANCE
+
+
+# ---- drafts sampled from a distribution q (a sampling draft model): accept min(1, p/q), residual max(p - q, 0) ----
+DRAFT_Q = torch.tensor([[0.05, 0.1, 0.5, 0.3, 0.05], [0.2, 0.2, 0.2, 0.2, 0.2]])
+
+
+def verify_drafts_from_q(sampler: RejectionSampler, with_q: bool, temperature: float = 1.0,
+                         top_k: int = 0) -> tuple[Tensor, float]:
+    """DRAWS sequences, each with two drafts drawn from DRAFT_Q's rows: (the frequency of the first emitted token,
+    the acceptance rate of the first draft). with_q=False verifies them as point masses."""
+    generator = torch.Generator().manual_seed(1)
+    drafts = torch.stack([torch.multinomial(DRAFT_Q[j], DRAWS, replacement=True, generator=generator)
+                          for j in range(2)], dim=1)                                   # [DRAWS, 2]
+    q = DRAFT_Q[None].expand(DRAWS, -1, -1)                                            # [DRAWS, 2, V]
+    out = sampler(SLOT_LOGITS.repeat(DRAWS, 1), drafts, torch.full((DRAWS,), 2),
+                  slot_tensors(DRAWS, 3, temperature, top_k), q if with_q else None)
+    first = torch.bincount(out.token_ids[:, 0], minlength=VOCAB).double() / DRAWS
+    return first, (out.num_emitted > 1).double().mean().item()
+
+
+def test_drafts_from_q_keep_the_target_distribution():
+    first, accepted = verify_drafts_from_q(RejectionSampler(), with_q=True)
+    assert (first - target(SLOT_LOGITS[0])).abs().max() < TOLERANCE
+    expected = torch.minimum(target(SLOT_LOGITS[0]), DRAFT_Q[0].double()).sum().item()   # 1 - TV(p, q)
+    assert abs(accepted - expected) < TOLERANCE
+    first, _ = verify_drafts_from_q(RejectionSampler(), with_q=True, temperature=0.7, top_k=3)
+    assert (first - target(SLOT_LOGITS[0], 0.7, 3)).abs().max() < TOLERANCE
+
+
+def test_the_point_mass_rule_is_exact_for_any_drafts_but_accepts_less():
+    """Verified as point masses (accept with p(d)), drafts from any q keep p too: the rule is exact given each
+    draft. It accepts E_q[p(d)] instead of 1 - TV(p, q)."""
+    first, accepted = verify_drafts_from_q(RejectionSampler(), with_q=False)
+    assert (first - target(SLOT_LOGITS[0])).abs().max() < TOLERANCE
+    _, accepted_with_q = verify_drafts_from_q(RejectionSampler(), with_q=True)
+    assert accepted < accepted_with_q - 0.1
+
+
+class _AcceptanceIgnoresQ(RejectionSampler):
+    """A wrong acceptance for drafts from q: p(d), with the residual max(p - q, 0) of the q-aware rule."""
+
+    @staticmethod
+    def _acceptance(p_draft: Tensor, q_draft: Tensor | None) -> Tensor:
+        return p_draft
+
+
+class _ResidualIgnoresQ(RejectionSampler):
+    """The right acceptance for drafts from q, a wrong residual (p itself instead of max(p - q, 0))."""
+
+    @staticmethod
+    def _residual_from(probs: Tensor, draft_probs: Tensor, has_draft: Tensor) -> Tensor:
+        return probs
+
+
+def test_the_distribution_check_catches_broken_rules_for_drafts_from_q():
+    for broken in (_AcceptanceIgnoresQ(), _ResidualIgnoresQ()):
+        first, _ = verify_drafts_from_q(broken, with_q=True)
+        assert (first - target(SLOT_LOGITS[0])).abs().max() > 3 * TOLERANCE, type(broken).__name__

@@ -6,12 +6,13 @@ per verified slot too (the caller repeats each sequence's parameters, positions 
 seeded request draws from the same counter-based noise the Sampler uses.
 
 Per sequence (the standard speculative-sampling rule, Leviathan et al. / Chen et al. 2023, as vLLM v1 does
-it for proposers with a point-mass draft distribution q = one-hot(d), such as n-gram lookup):
+it), with q the distribution each draft was drawn from:
 - greedy rows (temperature 0): accept draft j while it equals the target argmax; the first mismatch emits
   the target argmax there; all accepted: the argmax of the last slot is the bonus token;
 - random rows: p = softmax of the processed logits (temperature, min-p, top-k, top-p, as the Sampler);
-  accept d with probability min(1, p(d) / q(d)) = p(d); on rejection sample from normalize(max(p - q, 0)),
-  which is p with d removed; all accepted: the bonus token is sampled from p at the last slot.
+  accept d with probability min(1, p(d) / q(d)); on rejection sample from normalize(max(p - q, 0)); all
+  accepted: the bonus token is sampled from p at the last slot. Without draft_probs q is a point mass,
+  q = one-hot(d) (n-gram lookup, greedy drafts): accept with p(d), residual p with d removed.
 The emitted run is (accepted drafts..., one recovered or bonus token): 1 to K+1 tokens per sequence.
 """
 from __future__ import annotations
@@ -34,9 +35,12 @@ class RejectionOutput(NamedTuple):
 
 
 class RejectionSampler(nn.Module):
-    def forward(self, logits: Tensor, draft_ids: Tensor, num_drafts: Tensor, t: SamplingTensors) -> RejectionOutput:
+    def forward(self, logits: Tensor, draft_ids: Tensor, num_drafts: Tensor, t: SamplingTensors,
+                draft_probs: Tensor | None = None) -> RejectionOutput:
         """logits: [S * (K+1), V] (after token constraints / penalties); draft_ids: [S, K] int64 (entries at or
-        past num_drafts are ignored); num_drafts: [S] int64 in [0, K]; t: one row per verified slot."""
+        past num_drafts are ignored); num_drafts: [S] int64 in [0, K]; t: one row per verified slot;
+        draft_probs: [S, K, V] the distribution q each random row's draft was sampled from (None: point masses;
+        greedy rows always compare with the target argmax)."""
         num_seqs, k = draft_ids.shape
         slots = k + 1
         if logits.dim() != 2 or logits.shape[0] != num_seqs * slots:
@@ -52,15 +56,18 @@ class RejectionSampler(nn.Module):
             accepted = (drafts == target_argmax[:, :k]) & has_draft
             emitted_at = target_argmax
         else:
-            probs = self._target_probs(logits, t)                               # [S*(K+1), V]
+            probs = self.processed_probs(logits, t)                               # [S*(K+1), V]
             probs3 = probs.view(num_seqs, slots, vocab)
-            p_draft = probs3[:, :k].gather(2, drafts[:, :, None]).squeeze(2)     # [S, K]
+            p_draft = probs3[:, :k].gather(2, drafts[:, :, None]).squeeze(2)    # [S, K]
+            q_draft = None if draft_probs is None else draft_probs.float().gather(2, drafts[:, :, None]).squeeze(2)
+            ratio = self._acceptance(p_draft, q_draft)                          # [S, K]
             keys = row_keys(t.seeds, t.positions)                               # [S*(K+1)]
             uniforms = uniform_from_bits(mix32(keys ^ _ACCEPT_SALT)).view(num_seqs, slots)[:, :k]
             greedy = (t.temperatures <= 0).view(num_seqs, slots)
-            accepted = torch.where(greedy[:, :k], drafts == target_argmax[:, :k], uniforms < p_draft) & has_draft
-            # the residual at a slot holding a draft: p with the draft removed; the bonus slot keeps p
-            residual = self._residual(probs3, drafts, has_draft).view(-1, vocab)
+            accepted = torch.where(greedy[:, :k], drafts == target_argmax[:, :k], uniforms < ratio) & has_draft
+            # the residual at a slot holding a draft: max(p - q, 0); the bonus slot keeps p
+            residual = (self._residual(probs3, drafts, has_draft) if draft_probs is None
+                        else self._residual_from(probs3, draft_probs.float(), has_draft)).view(-1, vocab)
             noise = gumbel_noise(keys, token_keys(vocab, device))
             sampled = (residual.log() + noise).argmax(dim=-1).view(num_seqs, slots)
             emitted_at = torch.where(greedy, target_argmax, sampled)
@@ -83,8 +90,27 @@ class RejectionSampler(nn.Module):
         return probs.masked_fill(remove, 0.0)
 
     @staticmethod
-    def _target_probs(logits: Tensor, t: SamplingTensors) -> Tensor:
-        """The target's processed distribution per row, as the Sampler draws from it (greedy rows: T = 1)."""
+    def _acceptance(p_draft: Tensor, q_draft: Tensor | None) -> Tensor:
+        """The probability of accepting each draft (a uniform below it accepts): min(1, p(d) / q(d)); p(d) for a
+        point mass. q(d) > 0 wherever a draft was drawn from q (clamped against padding slots)."""
+        return p_draft if q_draft is None else p_draft / q_draft.clamp_min(1e-30)
+
+    @staticmethod
+    def _residual_from(probs: Tensor, draft_probs: Tensor, has_draft: Tensor) -> Tensor:
+        """normalize(max(p - q, 0)), unnormalised, at the slots holding a draft (p where that is all zeros: a
+        rejection there has probability 0, up to rounding); the bonus slot keeps p. probs: [S, K+1, V],
+        draft_probs: [S, K, V]."""
+        k = draft_probs.shape[1]
+        residual = probs.clone()
+        excess = (probs[:, :k] - draft_probs).clamp_min_(0.0)                  # [S, K, V]
+        usable = has_draft & (excess.sum(dim=2) > 0)                           # [S, K]
+        residual[:, :k] = torch.where(usable[:, :, None], excess, probs[:, :k])
+        return residual
+
+    @staticmethod
+    def processed_probs(logits: Tensor, t: SamplingTensors) -> Tensor:
+        """A model's processed distribution per row, as the Sampler draws from it (temperature, min-p, top-k,
+        top-p; greedy rows at T = 1): the target's p here, a sampling draft model's q. logits: float32."""
         temps = t.temperatures.to(logits.dtype)
         temps = torch.where(temps <= 0, torch.ones_like(temps), temps)
         scaled = logits / temps[:, None]
