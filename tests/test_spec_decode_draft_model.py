@@ -143,6 +143,13 @@ def tiny_vocab_dir(make_tiny_checkpoint):
     return make_tiny_checkpoint("qwen3", with_tokenizer=False, vocab_size=16, initializer_range=0.3)
 
 
+@pytest.fixture(scope="module")
+def tiny_vocab_draft_dir(make_tiny_checkpoint):
+    """Another model of vocabulary 16 (other weights, one layer): its q differs from the target's p."""
+    return make_tiny_checkpoint("qwen3", seed=3, with_tokenizer=False, vocab_size=16, initializer_range=0.3,
+                                num_hidden_layers=1)
+
+
 def sampled_tokens(model_dir, **kwargs) -> tuple[list[list[int]], SchedulerStats]:
     """SAMPLES seeded completions of 4 tokens of one prompt; tokens 2 and 3 come from the step that verifies the
     drafts (2 drafts per sequence) when speculating."""
@@ -166,13 +173,29 @@ def distribution_gap(plain: list[list[int]], spec: list[list[int]], position: in
     return stat, chi_square_critical(df)
 
 
-def test_sampling_keeps_the_distribution(tiny_vocab_dir, plain_samples):
-    spec, stats = sampled_tokens(tiny_vocab_dir,
-                                 speculative_config=draft_config(tiny_vocab_dir, k=2, max_batch_size=256))
-    assert 0.2 * stats.num_draft_tokens < stats.num_accepted_tokens < 0.9 * stats.num_draft_tokens
+@pytest.mark.parametrize(("draft", "draft_sampling", "acceptance"), [
+    ("self", "greedy", (0.2, 0.9)),      # p(argmax p): about 0.45 here
+    ("self", "sampled", (0.97, 1.0)),    # q = p: every draft accepted, up to rounding
+    ("other", "sampled", (0.05, 0.95)),  # 1 - TV(p, q): about 0.13 here
+])
+def test_sampling_keeps_the_distribution(tiny_vocab_dir, tiny_vocab_draft_dir, plain_samples, draft, draft_sampling,
+                                         acceptance):
+    draft_dir = tiny_vocab_dir if draft == "self" else tiny_vocab_draft_dir
+    spec, stats = sampled_tokens(tiny_vocab_dir, speculative_config=draft_config(
+        draft_dir, k=2, max_batch_size=256, draft_sampling=draft_sampling))
+    low, high = acceptance
+    assert low * stats.num_draft_tokens <= stats.num_accepted_tokens <= high * stats.num_draft_tokens
     for position in (1, 2):
         stat, critical = distribution_gap(plain_samples, spec, position)
         assert stat < critical, f"token {position}: chi-square {stat:.1f} >= {critical:.1f}"
+
+
+def test_sampled_drafts_are_reproducible_with_seeds(tiny_qwen3_dir, other_draft_dir):
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=16, ignore_eos=True)
+    spec = draft_config(other_draft_dir, draft_sampling="sampled")
+    first, stats = generate(tiny_qwen3_dir, prompts(384), params, speculative_config=spec)
+    again, _ = generate(tiny_qwen3_dir, prompts(384), params, speculative_config=spec)
+    assert first == again and stats.num_draft_tokens > 0
 
 
 def test_the_distribution_check_rejects_a_broken_rule(tiny_vocab_dir, plain_samples, monkeypatch):

@@ -19,6 +19,8 @@ def test_from_dict_json_and_object():
     ({"method": "draft_model"}, "needs \"model\""),
     ({"method": "ngram", "model": "/draft"}, "is for method 'draft_model'"),
     ({"method": "eagle"}, "not supported yet"),
+    ({"model": "/draft", "draft_sampling": "top"}, "draft_sampling must be one of"),
+    ({"method": "ngram", "draft_sampling": "sampled"}, "draft_sampling is for method 'draft_model'"),
     ({"method": "lookahead"}, "must be one of"),
     ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
     ({"num_speculative_tokens": True}, "num_speculative_tokens must be an integer >= 1"),

@@ -9,6 +9,7 @@ from typing import Any
 SUPPORTED_METHODS = ("ngram", "draft_model")
 # vLLM's other methods: named so their error says "not supported yet" rather than "unknown"
 NOT_YET_SUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator")
+DRAFT_SAMPLING = ("greedy", "sampled")
 
 
 def _positive(name: str, value: object) -> int:
@@ -27,6 +28,10 @@ class SpeculativeConfig:
     the target's vocabulary (`model`: a directory, hub id or .gguf file) proposes num_speculative_tokens tokens
     greedily, in the same process and the same step as the target's verification (runner.draft_model_runner).
     Its dtype follows the target's; it runs eagerly (no CUDA graphs) and only at tensor_parallel_size 1.
+    draft_sampling (draft_model): "greedy" (vLLM's way) proposes the draft's argmax, which the target accepts with
+    probability p(d) at temperature > 0; "sampled" draws each draft from the draft's distribution q under the
+    request's sampling parameters and accepts with min(1, p/q): more accepted when q is close to p at high
+    temperature. Greedy requests (temperature 0) take the argmax either way; both are lossless.
 
     max_batch_size: a step with more running sequences than this runs without drafts. Speculation trades
     extra verified tokens (wasted when rejected) for fewer steps; that pays while a decode step is bound by
@@ -40,6 +45,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     max_batch_size: int = 32
     model: str | None = None           # draft_model: the draft checkpoint
+    draft_sampling: str = "greedy"     # draft_model: DRAFT_SAMPLING
 
     def __post_init__(self) -> None:
         if self.method is None:        # vLLM infers the method from `model`
@@ -60,6 +66,12 @@ class SpeculativeConfig:
                              f"got {self.model!r}")
         if self.method == "ngram" and self.model is not None:
             raise ValueError("speculative_config.model is for method 'draft_model', not 'ngram'")
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise ValueError(f"speculative_config.draft_sampling must be one of {list(DRAFT_SAMPLING)}, got "
+                             f"{self.draft_sampling!r}")
+        if self.method == "ngram" and self.draft_sampling != "greedy":
+            raise ValueError("speculative_config.draft_sampling is for method 'draft_model' (ngram drafts are "
+                             "point masses)")
 
     @property
     def uses_draft_model(self) -> bool:

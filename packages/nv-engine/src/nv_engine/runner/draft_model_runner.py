@@ -8,13 +8,17 @@ Its KV is kept in the model dtype (an FP8 target cache does not make the draft's
 
 Per step with StepInput.draft (built by spec_decode.draft_model_planner), before the target's forward: the
 catch-up forwards (prefill layout) over the tokens the draft has not computed, whose logits give each drafting
-sequence's draft 1, then K-1 decode-layout forwards, each feeding the previous drafts; drafts are the argmax
-(greedy drafting: a point-mass proposal, which the RejectionSampler's rule verifies exactly at any target
-temperature). Everything runs eagerly (no CUDA graphs) with its own InputStager, so the target's staged inputs
-are untouched; the drafts stay on the device, go into the target's input ids and to the DraftVerifier.
+sequence's draft 1, then K-1 decode-layout forwards, each feeding the previous drafts. Drafts are the argmax
+(draft_sampling "greedy", vLLM's way: point masses, which the RejectionSampler verifies exactly at any target
+temperature), or with "sampled" drawn like the target's own tokens from the draft's processed distribution q
+(the request's temperature, top-k, top-p, min-p; Gumbel noise keyed by (seed, position), salted apart from the
+target's draws; greedy rows keep the argmax), q going to the RejectionSampler (accept min(1, p/q)). Everything
+runs eagerly (no CUDA graphs) with its own InputStager, so the target's staged inputs are untouched; the drafts
+stay on the device, go into the target's input ids and to the DraftVerifier.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import cast
 
 import torch
@@ -23,12 +27,21 @@ from nv_engine.config.engine_config import EngineConfig
 from nv_engine.core.step import StepInput
 from nv_engine.model_loader.model_path import load_hf_config
 from nv_engine.model_loader.registry import get_model_class
+from nv_engine.runner.draft_proposal import DraftProposal
 from nv_engine.runner.dummy_step_profiler import CausalLM, KVCacheLayer
 from nv_engine.runner.input_stager import InputStager
+from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_kernels import AttentionBackend
 from nv_kernels.kv_layout import allocate_kv_cache
+from nv_kernels.sampler_hash import gumbel_noise, mix32, row_keys, token_keys
 from nv_layers.forward_context import forward_context
 from nv_layers.loader import build_model
+from nv_layers.rejection_sampler import RejectionSampler
+from nv_layers.sampler import SamplingTensors
+
+# Salts a draft draw's key so its noise is independent of the target's draws (Gumbel noise and acceptance
+# uniforms) at the same (seed, position).
+_DRAFT_SALT = 0x27D4EB2F
 
 
 class DraftModelRunner:
@@ -53,6 +66,9 @@ class DraftModelRunner:
                                   max_num_seqs=config.max_num_seqs, device=device,
                                   num_speculative_tokens=spec.num_speculative_tokens)
         self.kv_caches: list[torch.Tensor] = []
+        self.sampled = spec.draft_sampling == "sampled"
+        self.sampling_tensors = SamplingTensorsSource(device)
+        self.token_keys: torch.Tensor | None = None            # [V] the draws' per-token keys, made at first use
 
     def kv_block_bytes(self) -> int:
         """The draft's KV bytes per block (all its layers, K and V)."""
@@ -69,25 +85,50 @@ class DraftModelRunner:
             self.kv_caches.append(kv)
 
     @torch.inference_mode()
-    def propose(self, step: StepInput) -> torch.Tensor | None:
-        """Run the step's draft forwards; [S, K] int64 drafts on the device (0 past a sequence's drafts), or None
-        when the step verifies no drafts (the draft only caught up, or has nothing to do: step.draft None)."""
+    def propose(self, step: StepInput) -> DraftProposal | None:
+        """Run the step's draft forwards; the drafts on the device, or None when the step verifies no drafts (the
+        draft only caught up, or has nothing to do: step.draft None)."""
         draft = step.draft
         if draft is None:
             return None
         width = 0 if step.draft_ids is None else int(step.draft_ids.shape[1])
         num_seqs = len(step.logits_indices) // (width + 1) if width else 0
-        drafts = torch.zeros(num_seqs, max(width, 1), dtype=torch.int64, device=self.device)   # [S, K]
+        tensors = None            # sampled drafting: the sampling rows' parameters, [S] each
+        if self.sampled and width and step.sampling is not None and not step.sampling.flags["all_greedy"]:
+            tensors = self.sampling_tensors.for_step(step.sampling, num_seqs)
+        proposal = DraftProposal(torch.zeros(num_seqs, max(width, 1), dtype=torch.int64, device=self.device), None)
         for inputs, seqs in zip(draft.catchup, draft.catchup_seqs, strict=True):
             logits = self._forward(inputs, None, need_logits=len(seqs) > 0)                    # [D, V]
             if logits is not None:
-                drafts[torch.from_numpy(seqs).to(self.device), 0] = logits.argmax(dim=-1)
+                proposal = self._choose(proposal, logits, torch.from_numpy(seqs).to(self.device), 0, tensors)
         for j, (inputs, seqs) in enumerate(zip(draft.proposals, draft.proposal_seqs, strict=True), start=1):
             rows = torch.from_numpy(seqs).to(self.device)                                      # [D_j]
-            logits = self._forward(inputs, drafts[rows, j - 1], need_logits=True)               # [D_j, V]
+            logits = self._forward(inputs, proposal.ids[rows, j - 1], need_logits=True)        # [D_j, V]
             if logits is not None:
-                drafts[rows, j] = logits.argmax(dim=-1)
-        return drafts if width else None
+                proposal = self._choose(proposal, logits, rows, j, tensors)
+        return proposal if width else None
+
+    def _choose(self, proposal: DraftProposal, logits: torch.Tensor, rows: torch.Tensor, slot: int,
+                tensors: SamplingTensors | None) -> DraftProposal:
+        """Draft `slot` of the sampling sequences `rows` from their logits [D, V]: the argmax, or (tensors given)
+        drawn from q, recorded in the proposal's probs."""
+        if tensors is None:
+            proposal.ids[rows, slot] = logits.argmax(dim=-1)
+            return proposal
+        t = dataclasses.replace(tensors, temperatures=tensors.temperatures[rows], top_k=tensors.top_k[rows],
+                                top_p=tensors.top_p[rows], min_p=tensors.min_p[rows], seeds=tensors.seeds[rows],
+                                positions=tensors.positions[rows] + slot)   # the output index this draft proposes
+        q = RejectionSampler.processed_probs(logits.float(), t)                                # [D, V]
+        if self.token_keys is None:
+            self.token_keys = token_keys(q.shape[1], q.device)
+        noise = gumbel_noise(mix32(row_keys(t.seeds, t.positions) ^ _DRAFT_SALT), self.token_keys)
+        drawn = (q.log() + noise).argmax(dim=-1)                                               # [D]
+        proposal.ids[rows, slot] = torch.where(t.temperatures <= 0, logits.argmax(dim=-1), drawn)
+        probs = proposal.probs
+        if probs is None:
+            probs = torch.zeros(*proposal.ids.shape, q.shape[1], device=q.device)              # [S, K, V]
+        probs[rows, slot] = q
+        return DraftProposal(proposal.ids, probs)
 
     def _forward(self, inputs: StepInput, ids: torch.Tensor | None, need_logits: bool) -> torch.Tensor | None:
         """One eager forward of the draft model on `inputs` (ids: its input ids on the device instead of
@@ -100,13 +141,13 @@ class DraftModelRunner:
             return self.model.compute_logits(hidden) if need_logits else None
 
     @staticmethod
-    def fill_target_ids(ids: torch.Tensor, drafts: torch.Tensor, step: StepInput) -> None:
+    def fill_target_ids(ids: torch.Tensor, proposal: DraftProposal, step: StepInput) -> None:
         """Write the [S, K] drafts into the step's staged target input ids ([T] or padded) at their rows."""
         if step.draft is None:
             raise RuntimeError("fill_target_ids needs a step with draft inputs")
         rows = torch.from_numpy(step.draft.target_rows).to(ids.device)                         # [N]
         index = torch.from_numpy(step.draft.draft_index).to(ids.device)                        # [N]
-        ids[rows] = drafts.reshape(-1)[index]
+        ids[rows] = proposal.ids.reshape(-1)[index]
 
     def release(self) -> None:
         for layer in self.attention_layers:

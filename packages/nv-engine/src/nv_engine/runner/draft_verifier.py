@@ -6,6 +6,7 @@ import dataclasses
 import torch
 
 from nv_engine.core.step import StepInput
+from nv_engine.runner.draft_proposal import DraftProposal
 from nv_layers.rejection_sampler import RejectionSampler
 from nv_layers.sampler import SamplerOutput, SamplingTensors
 
@@ -20,17 +21,17 @@ class DraftVerifier:
         self.rejection_sampler = RejectionSampler()
 
     def __call__(self, logits: torch.Tensor, step: StepInput, tensors: SamplingTensors,
-                 draft_ids: torch.Tensor | None = None) -> SamplerOutput:
-        """logits: [S * (K+1), V] at step.logits_indices; draft_ids: [S, K] on the device (a draft model's),
-        None: step.draft_ids. Returns the emitted runs flattened to [S * (K+1)] token ids, K+1 per sequence,
-        padded with -1 after each run."""
+                 proposal: DraftProposal | None = None) -> SamplerOutput:
+        """logits: [S * (K+1), V] at step.logits_indices; proposal: a draft model's drafts on the device (and the
+        distributions they were drawn from), None: step.draft_ids. Returns the emitted runs flattened to
+        [S * (K+1)] token ids, K+1 per sequence, padded with -1 after each run."""
         if step.draft_ids is None or step.num_drafts is None:
             raise RuntimeError("DraftVerifier needs a step with draft tokens")
         if tensors.any_logits_processing or tensors.any_penalties or tensors.need_logprobs or tensors.num_logprobs:
             raise RuntimeError("a step with draft tokens has rows that need logprobs, penalties or token bans")
         device = logits.device
-        if draft_ids is None:
-            draft_ids = torch.from_numpy(step.draft_ids).to(device)                # [S, K]
+        draft_ids = (torch.from_numpy(step.draft_ids).to(device) if proposal is None
+                     else proposal.ids)                                            # [S, K]
         num_drafts = torch.from_numpy(step.num_drafts).to(device)                  # [S]
         slots = draft_ids.shape[1] + 1
         slot_offsets = torch.arange(slots, device=device).repeat(draft_ids.shape[0])  # [S * (K+1)]
@@ -39,5 +40,6 @@ class DraftVerifier:
             top_k=tensors.top_k.repeat_interleave(slots), top_p=tensors.top_p.repeat_interleave(slots),
             min_p=tensors.min_p.repeat_interleave(slots), seeds=tensors.seeds.repeat_interleave(slots),
             positions=tensors.positions.repeat_interleave(slots) + slot_offsets)
-        out = self.rejection_sampler(logits, draft_ids, num_drafts, per_slot)
+        out = self.rejection_sampler(logits, draft_ids, num_drafts, per_slot,
+                                     None if proposal is None else proposal.probs)
         return SamplerOutput(out.token_ids.reshape(-1), None, None, None, None)

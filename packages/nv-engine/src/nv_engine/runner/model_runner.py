@@ -291,7 +291,7 @@ class ModelRunner:
         graphs = self.graphs if step.is_decode else None
         padded = graphs.padded_size(batch) if graphs is not None else None
         mixed = None
-        drafts = self.draft_runner.propose(step) if self.draft_runner is not None else None   # draft_model: [S, K]
+        drafts = self.draft_runner.propose(step) if self.draft_runner is not None else None   # draft_model
         if padded is None and self.mixed_graphs is not None:
             mixed = self.mixed_graphs.padded_size(step.num_tokens)
         staged = (self.stager.stage_decode(padded, step) if padded is not None
