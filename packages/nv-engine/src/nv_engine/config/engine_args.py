@@ -145,8 +145,8 @@ class EngineArgs:
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = _arg(
         None, 'speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
         '"prompt_lookup_max": 4, "max_batch_size": 32} (no drafts in steps with more running sequences), or a draft '
-        'model with the same vocabulary: {"method": "draft_model", "model": PATH, "num_speculative_tokens": 3} '
-        '(default: off)', type=json.loads)
+        'model with the same vocabulary: {"method": "draft_model", "model": PATH, "num_speculative_tokens": 3, '
+        '"draft_sampling": "greedy" or "sampled"} (default: off)', type=json.loads)
     # ---- features nv does not have -----------------------------------------------------------
     enable_lora: bool = _arg(False, "only off: nv has no LoRA adapters", type=bool)
     max_lora_rank: int = _arg(16, "accepted for compatibility; no effect (no LoRA)", type=int)
