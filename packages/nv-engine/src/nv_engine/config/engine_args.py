@@ -276,8 +276,9 @@ class EngineArgs:
             from nv_engine.model_loader.model_path import resolve_model_path
 
             draft_path = resolve_model_path(speculative_config.model, cache_dir=self.download_dir, token=self.hf_token)
-            speculative_config.check_draft(load_hf_config(draft_path), hf_config, max_model_len,
-                                           self.tensor_parallel_size)
+            draft_hf_config = load_hf_config(draft_path)
+            speculative_config.check_draft(draft_hf_config, hf_config, max_model_len, self.tensor_parallel_size)
+            resolve_quantization(None, draft_hf_config)     # a draft checkpoint's quantization nv cannot run: now
             speculative_config = dataclasses.replace(speculative_config, model=draft_path)
         max_num_batched_tokens = self.max_num_batched_tokens
         if self.enable_chunked_prefill is False:

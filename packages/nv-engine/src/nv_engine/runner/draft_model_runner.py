@@ -24,6 +24,7 @@ from typing import cast
 import torch
 
 from nv_engine.config.engine_config import EngineConfig
+from nv_engine.config.quantization import resolve_quantization
 from nv_engine.core.step import StepInput
 from nv_engine.model_loader.model_path import load_hf_config
 from nv_engine.model_loader.registry import get_model_class
@@ -53,7 +54,8 @@ class DraftModelRunner:
             raise ValueError(f"draft_model needs tensor_parallel_size 1 for now, got {config.tensor_parallel_size}")
         hf_config = load_hf_config(spec.model)
         self.model = cast(CausalLM, build_model(get_model_class(hf_config), hf_config, spec.model,
-                                                dtype=config.dtype, device=device))
+                                                dtype=config.dtype, device=device,
+                                                quantization=resolve_quantization(None, hf_config)))
         self.attention_layers = cast(list[KVCacheLayer], [m for m in self.model.modules()
                                                           if hasattr(m, "k_cache") and hasattr(m, "v_cache")])
         if not self.attention_layers:
