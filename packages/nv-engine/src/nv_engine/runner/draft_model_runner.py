@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import cast
 
+import numpy as np
 import torch
 
 from nv_engine.config.engine_config import EngineConfig
@@ -102,13 +103,17 @@ class DraftModelRunner:
         for inputs, seqs in zip(draft.catchup, draft.catchup_seqs, strict=True):
             logits = self._forward(inputs, None, need_logits=len(seqs) > 0)                    # [D, V]
             if logits is not None:
-                proposal = self._choose(proposal, logits, torch.from_numpy(seqs).to(self.device), 0, tensors)
+                proposal = self._choose(proposal, logits, self._rows(seqs), 0, tensors)
         for j, (inputs, seqs) in enumerate(zip(draft.proposals, draft.proposal_seqs, strict=True), start=1):
-            rows = torch.from_numpy(seqs).to(self.device)                                      # [D_j]
+            rows = self._rows(seqs)                                                            # [D_j]
             logits = self._forward(inputs, proposal.ids[rows, j - 1], need_logits=True)        # [D_j, V]
             if logits is not None:
                 proposal = self._choose(proposal, logits, rows, j, tensors)
         return proposal if width else None
+
+    def _rows(self, seqs: np.ndarray) -> torch.Tensor:
+        """Sampling-sequence indices to the device (from pageable memory: no wait on the device's queue)."""
+        return torch.from_numpy(seqs).to(self.device, non_blocking=True)
 
     def _choose(self, proposal: DraftProposal, logits: torch.Tensor, rows: torch.Tensor, slot: int,
                 tensors: SamplingTensors | None) -> DraftProposal:
@@ -147,8 +152,8 @@ class DraftModelRunner:
         """Write the [S, K] drafts into the step's staged target input ids ([T] or padded) at their rows."""
         if step.draft is None:
             raise RuntimeError("fill_target_ids needs a step with draft inputs")
-        rows = torch.from_numpy(step.draft.target_rows).to(ids.device)                         # [N]
-        index = torch.from_numpy(step.draft.draft_index).to(ids.device)                        # [N]
+        rows = torch.from_numpy(step.draft.target_rows).to(ids.device, non_blocking=True)     # [N]
+        index = torch.from_numpy(step.draft.draft_index).to(ids.device, non_blocking=True)    # [N]
         ids[rows] = proposal.ids.reshape(-1)[index]
 
     def release(self) -> None:
