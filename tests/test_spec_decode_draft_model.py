@@ -5,7 +5,9 @@
   preemption, chunked prefill; k = 8 at a full token budget (the runner's staging must hold S * (k+1) rows).
 - Sampling at temperature 1: the first generated tokens' distribution with drafts matches the one without (a
   chi-square two-sample test), and the same test rejects a broken rejection rule.
-- The engine arguments: LLM keyword, `nv serve --speculative-config`, errors for a draft that cannot serve.
+- The engine arguments: LLM keyword, `nv serve --speculative-config`, errors for a draft that cannot serve;
+  `/metrics` of `nv serve` counting drafted and accepted tokens.
+- On CUDA (`-m gpu`): the same greedy equality through the CUDA graphs.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import math
 from collections import Counter
 
 import pytest
+import torch
 
 from nv_engine import LLM, EngineArgs, SamplingParams
 from nv_kvcache import SchedulerStats
@@ -118,6 +121,31 @@ def test_smollm2_as_its_own_draft(smollm2_dir):
         llm.shutdown()
     assert spec[0].outputs[0].token_ids == reference[0].outputs[0].token_ids
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_draft_model_on_cuda(make_tiny_checkpoint):
+    """On CUDA (graphs captured; the verifying steps replay the piecewise graphs, the draft runs eagerly): greedy
+    output with a draft equals the output without, the target as its own draft has (nearly) every draft accepted
+    in fp32, and sampled drafting is reproducible with seeds."""
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=512)
+    target = make_tiny_checkpoint("qwen3", **shape)
+    draft = make_tiny_checkpoint("qwen3", seed=5, **{**shape, "num_hidden_layers": 1})
+    kwargs = {"dtype": "float32", "gpu_memory_utilization": 0.3, "max_num_seqs": 8}
+    reference, _ = generate(target, prompts(384), GREEDY, **kwargs)
+    for draft_dir in (target, draft):
+        spec, stats = generate(target, prompts(384), GREEDY, speculative_config=draft_config(draft_dir, k=4),
+                               **kwargs)
+        assert spec == reference
+        assert stats.num_draft_tokens > 0
+        if draft_dir == target:
+            assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens
+    params = SamplingParams(temperature=0.8, top_k=50, seed=3, max_tokens=24, ignore_eos=True)
+    sampled = draft_config(draft, k=4, draft_sampling="sampled")
+    first, stats = generate(target, prompts(384), params, speculative_config=sampled, **kwargs)
+    again, _ = generate(target, prompts(384), params, speculative_config=sampled, **kwargs)
+    assert first == again and stats.num_draft_tokens > 0
 
 
 # ---- sampling: the distribution is kept ------------------------------------------------------------------------
