@@ -123,6 +123,25 @@ def test_smollm2_as_its_own_draft(smollm2_dir):
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
 
 
+def test_verification_in_emulated_piecewise_graphs(tiny_qwen3_dir, references):
+    """The CUDA-graph input path on CPU (replays run eagerly from the static staging addresses): a verifying step
+    replays the piecewise graphs with the drafts written into its staged input ids."""
+    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=False, speculative_config=draft_config(tiny_qwen3_dir))
+    runner = llm.llm_engine.executor.runner
+    runner.capture_cudagraphs(emulate=True)
+    replayed: list[int] = []
+    replay = runner.mixed_graphs.replay
+    runner.mixed_graphs.replay = lambda padded, n: (replayed.append(n), replay(padded, n))[1]
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts(384)], GREEDY, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == references["plain"]
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
+    assert sum(n == 4 * (1 + 3) for n in replayed) > 3          # 4 sequences x (last token + 3 drafts)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_draft_model_on_cuda(make_tiny_checkpoint):
