@@ -125,21 +125,29 @@ def test_smollm2_as_its_own_draft(smollm2_dir):
 
 def test_verification_in_emulated_piecewise_graphs(tiny_qwen3_dir, references):
     """The CUDA-graph input path on CPU (replays run eagerly from the static staging addresses): a verifying step
-    replays the piecewise graphs with the drafts written into its staged input ids."""
+    replays the piecewise graphs with the drafts written into its staged input ids, and the draft's proposal
+    forwards replay its own decode graphs (padded batches included)."""
     llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=False, speculative_config=draft_config(tiny_qwen3_dir))
     runner = llm.llm_engine.executor.runner
     runner.capture_cudagraphs(emulate=True)
     replayed: list[int] = []
     replay = runner.mixed_graphs.replay
     runner.mixed_graphs.replay = lambda padded, n: (replayed.append(n), replay(padded, n))[1]
+    draft_replayed: list[tuple[int, int]] = []
+    draft_graphs = runner.draft_runner.graphs
+    draft_replay = draft_graphs.replay
+    draft_graphs.replay = lambda padded, n: (draft_replayed.append((padded, n)), draft_replay(padded, n))[1]
+    lengths = [24, 10, 24, 16]                 # sequences that finish early leave padded proposal batches
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     try:
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts(384)], GREEDY, use_tqdm=False)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts(384)], params, use_tqdm=False)
         stats = llm.llm_engine.scheduler.stats()
     finally:
         llm.shutdown()
-    assert [o.outputs[0].token_ids for o in outputs] == references["plain"]
+    assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(references["plain"], lengths)]
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
-    assert sum(n == 4 * (1 + 3) for n in replayed) > 3          # 4 sequences x (last token + 3 drafts)
+    assert sum(n == 4 * (1 + 3) for n in replayed) > 1          # 4 sequences x (last token + 3 drafts)
+    assert len(draft_replayed) > 6 and any(padded > n for padded, n in draft_replayed)
 
 
 @pytest.mark.gpu

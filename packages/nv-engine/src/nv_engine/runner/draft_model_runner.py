@@ -14,7 +14,9 @@ temperature), or with "sampled" drawn like the target's own tokens from the draf
 (the request's temperature, top-k, top-p, min-p; Gumbel noise keyed by (seed, position), salted apart from the
 target's draws; greedy rows keep the argmax), q going to the RejectionSampler (accept min(1, p/q)). Everything
 runs eagerly (no CUDA graphs) with its own InputStager, so the target's staged inputs are untouched; the drafts
-stay on the device, go into the target's input ids and to the DraftVerifier.
+stay on the device, go into the target's input ids and to the DraftVerifier. The catch-up runs eagerly; on CUDA
+the decode-layout forwards replay decode graphs of their own (batch sizes up to speculative_config.max_batch_size,
+the most sequences a drafting step has), captured with the target's (runner.cuda_graphs' DecodeGraphs).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from nv_engine.config.quantization import resolve_quantization
 from nv_engine.core.step import StepInput
 from nv_engine.model_loader.model_path import load_hf_config
 from nv_engine.model_loader.registry import get_model_class
+from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.draft_proposal import DraftProposal
 from nv_engine.runner.dummy_step_profiler import CausalLM, KVCacheLayer
 from nv_engine.runner.input_stager import InputStager
@@ -36,7 +39,7 @@ from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_kernels import AttentionBackend
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.sampler_hash import gumbel_noise, mix32, row_keys, token_keys
-from nv_layers.forward_context import forward_context
+from nv_layers.forward_context import ForwardContext, forward_context
 from nv_layers.loader import build_model
 from nv_layers.rejection_sampler import RejectionSampler
 from nv_layers.sampler import SamplingTensors
@@ -62,6 +65,9 @@ class DraftModelRunner:
         if not self.attention_layers:
             raise ValueError(f"the draft model {type(self.model).__name__} has no attention layers with a KV cache")
         self.config, self.device = config, device
+        self.hidden_size = int(hf_config.hidden_size)
+        self.max_drafting_seqs = min(config.max_num_seqs, spec.max_batch_size)   # rows of a proposal forward
+        self.graphs: DecodeGraphs | None = None                                  # the proposal forwards' (CUDA)
         self.kv_dtype = config.dtype
         self.stager = InputStager(backend, max_model_len=config.max_model_len,
                                   max_blocks_per_seq=config.max_blocks_per_seq,
@@ -86,6 +92,25 @@ class DraftModelRunner:
             kv, layer.k_cache, layer.v_cache = allocate_kv_cache(
                 num_blocks, self.config.block_size, layer.num_kv_heads, layer.head_dim, self.kv_dtype, self.device)
             self.kv_caches.append(kv)
+
+    @torch.inference_mode()
+    def capture_cudagraphs(self, emulate: bool = False) -> None:
+        """Decode graphs for the proposal forwards, as ModelRunner.capture_cudagraphs does for the target's decode
+        steps (emulate=True: eager replays on the static staging addresses; enforce_eager: the same on CUDA)."""
+        if self.device.type != "cuda" and not emulate:
+            return
+        if not self.kv_caches:
+            raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
+        self.graphs = DecodeGraphs(self.max_drafting_seqs, self.hidden_size, self.config.dtype, self.device,
+                                   emulate=emulate or self.config.enforce_eager)
+        staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # size -> staged (ids, positions)
+
+        def prepare(size: int) -> ForwardContext:
+            dummy = self.stager.stage_decode(size, None, dummy=True)
+            staged[size] = (dummy.ids, dummy.positions)
+            return dummy.ctx
+
+        self.graphs.capture(prepare, lambda size: self.model(*staged[size]))
 
     @torch.inference_mode()
     def propose(self, step: StepInput) -> DraftProposal | None:
@@ -138,8 +163,17 @@ class DraftModelRunner:
         return DraftProposal(proposal.ids, probs)
 
     def _forward(self, inputs: StepInput, ids: torch.Tensor | None, need_logits: bool) -> torch.Tensor | None:
-        """One eager forward of the draft model on `inputs` (ids: its input ids on the device instead of
-        inputs.input_ids); the logits of inputs.logits_indices (decode layout: every row) when need_logits."""
+        """One forward of the draft model on `inputs` (ids: its input ids on the device instead of
+        inputs.input_ids); the logits of inputs.logits_indices (decode layout: every row) when need_logits. A
+        decode-layout forward replays a decode graph when one of its size was captured, else runs eagerly."""
+        graphs = self.graphs if inputs.is_decode else None
+        padded = graphs.padded_size(inputs.num_seqs) if graphs is not None else None
+        if graphs is not None and padded is not None:
+            staged = self.stager.stage_decode(padded, inputs)                                  # padding: slot -1
+            if ids is not None:
+                staged.ids[:inputs.num_seqs].copy_(ids)
+            hidden = graphs.replay(padded, inputs.num_seqs)                                    # [D, H]
+            return self.model.compute_logits(hidden) if need_logits else None
         staged = self.stager.stage_eager(inputs)
         if ids is not None:
             staged.ids.copy_(ids)
@@ -157,6 +191,9 @@ class DraftModelRunner:
         ids[rows] = proposal.ids.reshape(-1)[index]
 
     def release(self) -> None:
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
         for layer in self.attention_layers:
             layer.k_cache = torch.empty(0)
             layer.v_cache = torch.empty(0)

@@ -201,6 +201,8 @@ class ModelRunner:
         eager and graph runs give the same numbers."""
         if self.device.type != "cuda" and not emulate:
             return
+        if self.draft_runner is not None:                # draft_model: the proposal forwards' decode graphs
+            self.draft_runner.capture_cudagraphs(emulate)
         emulate_mixed = emulate                          # enforce_eager: mixed steps stay plain eager
         emulate = emulate or self.config.enforce_eager
         if not self.kv_caches:
@@ -290,10 +292,8 @@ class ModelRunner:
         batch = step.num_seqs
         graphs = self.graphs if step.is_decode else None
         padded = graphs.padded_size(batch) if graphs is not None else None
-        mixed = None
+        mixed = self.mixed_graphs.padded_size(step.num_tokens) if padded is None and self.mixed_graphs else None
         drafts = self.draft_runner.propose(step) if self.draft_runner is not None else None   # draft_model
-        if padded is None and self.mixed_graphs is not None:
-            mixed = self.mixed_graphs.padded_size(step.num_tokens)
         staged = (self.stager.stage_decode(padded, step) if padded is not None
                   else self.stager.stage_eager(step, mixed))
         if staged.prev_rows is not None:
