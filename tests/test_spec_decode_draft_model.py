@@ -144,7 +144,8 @@ def test_verification_in_emulated_piecewise_graphs(tiny_qwen3_dir, references):
         stats = llm.llm_engine.scheduler.stats()
     finally:
         llm.shutdown()
-    assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(references["plain"], lengths)]
+    expected = [r[:n] for r, n in zip(references["plain"], lengths, strict=True)]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
     assert sum(n == 4 * (1 + 3) for n in replayed) > 1          # 4 sequences x (last token + 3 drafts)
     assert len(draft_replayed) > 6 and any(padded > n for padded, n in draft_replayed)

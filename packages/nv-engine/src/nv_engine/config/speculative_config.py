@@ -27,7 +27,8 @@ class SpeculativeConfig:
     method "draft_model" (vLLM's name; implied when `model` is given without a method): a smaller checkpoint with
     the target's vocabulary (`model`: a directory, hub id or .gguf file) proposes num_speculative_tokens tokens
     greedily, in the same process and the same step as the target's verification (runner.draft_model_runner).
-    Its dtype follows the target's; it runs eagerly (no CUDA graphs) and only at tensor_parallel_size 1.
+    Its dtype follows the target's; it runs only at tensor_parallel_size 1, its catch-up eagerly and its one-token
+    decodes in CUDA graphs of its own.
     draft_sampling (draft_model): "greedy" (vLLM's way) proposes the draft's argmax, which the target accepts with
     probability p(d) at temperature > 0; "sampled" draws each draft from the draft's distribution q under the
     request's sampling parameters and accepts with min(1, p/q): more accepted when q is close to p at high
