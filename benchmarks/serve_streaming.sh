@@ -10,7 +10,7 @@
 # the engine core loop (step, device wait, outputs, inputs, idle), the frontend's receiver thread (decode,
 # handle, deliver) and the event loop's wake-up lag.
 # Results: $NV_RESULTS_DIR (default ./bench-results): streaming_<tree>_c<N>_<run>.json, serve_<tree>.log,
-# serve_streaming.log (one line per run).
+# serve_streaming.log (one line per run, and the client's CPU time against its wall time).
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/dev/gpu_env.sh"
 record_environment
 export MODEL=$("$PYTHON" - <<'PY'
@@ -61,8 +61,12 @@ measure() {   # tag tree-root
   echo "$1: nv serve ready after $((SECONDS - start)) s" | tee -a "$RESULTS/serve_streaming.log"
   for step in "256 cold" "256 warm" "64 warm"; do
     set -- "$1" "$2" $step
-    client 8000 "$3" "$RESULTS/streaming_$1_c$3_$4.json" > "$RESULTS/streaming_$1_c$3_$4.log" 2>&1
+    # the client's CPU time over its wall time: near 1.0 means the (single-process) client is the bottleneck
+    local TIMEFORMAT="client cpu %U user + %S sys s over %R s wall"
+    { time client 8000 "$3" "$RESULTS/streaming_$1_c$3_$4.json" > "$RESULTS/streaming_$1_c$3_$4.log" 2>&1; } \
+      2> "$RESULTS/streaming_$1_c$3_$4.time"
     summary "$1" "$3" "$4" "$RESULTS/streaming_$1_c$3_$4.json"
+    tee -a "$RESULTS/serve_streaming.log" < "$RESULTS/streaming_$1_c$3_$4.time"
   done
   kill -INT $pid; wait $pid
 }

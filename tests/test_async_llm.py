@@ -115,6 +115,31 @@ def test_a_non_streamed_request_decodes_its_text_once_at_the_end(llm):
     assert final.outputs[0].text == streamed.outputs[0].text
 
 
+def test_stream_interval_sends_fewer_outputs_with_the_same_tokens(llm):
+    """stream_interval 4 (set on the module's frontend): a 12-token stream gets its first token, then one output
+    per 4 tokens, then its end (4 outputs; every token would be up to 12), and the same tokens and text."""
+    prompt = _prompts(4)[3]
+
+    async def run(request_id: str):
+        stream = await llm.add_requests([(request_id, prompt, GREEDY)], stream=True)
+        outputs = [output for outputs in [outputs async for outputs in stream] for output in outputs]
+        await _wait_idle(llm)
+        return outputs
+
+    every = asyncio.run(run("every-token"))
+    llm.output_processor.stream_interval = 4
+    try:
+        sparse = asyncio.run(run("every-4th"))
+    finally:
+        llm.output_processor.stream_interval = 1
+    counts = [len(output.outputs[0].token_ids) for output in sparse]
+    assert len(sparse) <= 4 and counts[-1] == 12 and sparse[-1].finished
+    assert all(b - a >= 4 for a, b in zip(counts[:-2], counts[1:-1], strict=True))
+    assert counts[0] <= 2 and len(every) > len(sparse)
+    assert sparse[-1].outputs[0].token_ids == every[-1].outputs[0].token_ids
+    assert sparse[-1].outputs[0].text == every[-1].outputs[0].text
+
+
 def test_stop_string_ends_the_request_in_the_core(llm):
     async def run():
         free_text = (await _last(llm, [5, 6, 7], GREEDY, "free")).outputs[0].text

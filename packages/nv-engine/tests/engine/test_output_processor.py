@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from nv_engine.core.sequence_update import SequenceUpdate
 from nv_engine.engine.output_processor import OutputProcessor
 from nv_engine.engine.outputs import Logprob
-from nv_engine.sampling_params import SamplingParams
+from nv_engine.sampling_params import RequestOutputKind, SamplingParams
 from nv_kvcache import FinishReason
 
 PROMPT = [5, 6, 7]
@@ -82,3 +82,44 @@ def test_stop_token_id_logprobs_and_abort(tokenizer):
     with pytest.raises(ValueError, match="in use"):
         processor.add_request("e", None, PROMPT, SamplingParams())
         processor.add_request("e", None, PROMPT, SamplingParams())
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA])
+def test_stream_interval_sends_every_nth_token_and_loses_nothing(tokenizer, kind):
+    """stream_interval 4: the first token at once, then one output per 4 tokens, and the end at once; the
+    outputs together carry exactly the text and token ids of sending every token."""
+    ids = tokenizer.encode("one two three four five six seven eight nine ten", add_special_tokens=False)[:10]
+    every, sparse = (OutputProcessor(tokenizer, stream_outputs=True, stream_interval=n) for n in (1, 4))
+    params = SamplingParams(max_tokens=len(ids), output_kind=kind)
+    for processor in (every, sparse):
+        processor.add_request("s", None, PROMPT, params)
+    sent_at, texts, token_ids = [], [], []
+    for step, token_id in enumerate(ids, start=1):
+        finish = FinishReason.LENGTH if step == len(ids) else None
+        assert len(every.process([_update("s", 0, [token_id], finish)]).request_outputs) == 1
+        outputs = sparse.process([_update("s", 0, [token_id], finish)]).request_outputs
+        if outputs:
+            sent_at.append(step)
+            texts.append(outputs[0].outputs[0].text)
+            token_ids.append(outputs[0].outputs[0].token_ids)
+    assert sent_at == [1, 5, 9, 10] and outputs[0].finished
+    full_text = tokenizer.decode(ids)
+    if kind is RequestOutputKind.DELTA:
+        assert "".join(texts) == full_text and sum(token_ids, []) == ids
+    else:
+        assert texts[-1] == full_text and token_ids[-1] == ids
+
+
+def test_stream_interval_counts_per_completion_and_sends_a_completion_end_at_once(tokenizer):
+    processor = OutputProcessor(tokenizer, stream_outputs=True, stream_interval=3)
+    processor.add_request("n", None, PROMPT, SamplingParams(n=2, max_tokens=10))
+    sent = []
+    for step in range(1, 6):
+        updates = [_update("n", 0, [11], FinishReason.LENGTH if step == 4 else None)] if step <= 4 else []
+        updates.append(_update("n", 1, [12]))
+        if processor.process(updates).request_outputs:
+            sent.append(step)
+    # step 1: the first output; step 4: completion 0 ended (and 2 x 3 tokens were due anyway at step 4)
+    assert sent == [1, 4]
+    with pytest.raises(ValueError, match="stream_interval"):
+        OutputProcessor(tokenizer, stream_outputs=True, stream_interval=0)

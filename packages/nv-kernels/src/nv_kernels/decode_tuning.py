@@ -48,9 +48,11 @@ def fused_decode_rope_pays(batch: int, num_kv_heads: int, max_seqlen_k: int, dev
 
 
 def choose_tile(block_size: int, head_dim: int, fp8: bool = False) -> int:
-    """Tokens per KV tile (measured on the H200, D 128: bf16 64 for block sizes >= 32, 32 for 16; an FP8
-    cache 128 for block sizes >= 32: at 64 tokens its tiles carry half the bytes for the same per-tile work,
-    75.7% of the copy bandwidth at 128 against 64.2% at 64, batch 256 x context 1,024, block size 64).
+    """Tokens per KV tile (measured on the H200, D 128: bf16 64 for block sizes >= 32, 32 for 16). An FP8
+    cache takes 256 for block sizes >= 32: at 64 tokens its tiles carry half the bytes for the same per-tile
+    work (H200, batch 256 x context 1,024, block size 64: 75.7% of the copy bandwidth at 128 against 64.2% at
+    64); on an H100 (benchmarks/bench_kv_fp8.py decode-bw --sweep, block size 64, one split) 256 reads at 87.3%
+    against 86.9% at 128 for batch 256 x context 1,024, and at 90.2% against 77.0% for batch 64 x 4,096.
 
     A tile inside one page loads from one page base; a tile wider than the page gathers its pages.
     """
@@ -58,4 +60,4 @@ def choose_tile(block_size: int, head_dim: int, fp8: bool = False) -> int:
         return 32
     if block_size < 32:
         return 32
-    return 128 if fp8 else 64
+    return 256 if fp8 else 64

@@ -121,6 +121,10 @@ class EngineArgs:
     enable_chunked_prefill: bool | None = _arg(
         None, "nv always splits long prompts over steps; off: the step budget grows to max_model_len so a "
         "prompt never has to be split", type=bool)
+    stream_interval: int = _arg(
+        1, "a streamed request's news goes out once every this many tokens (its first token and its end at "
+        "once); 1: after every token. Larger values send fewer, larger chunks: less work per token for the "
+        "server and for clients that read many streams (vLLM's --stream-interval)", type=int)
     async_scheduling: bool | None = _arg(None, "schedule step N+1 while step N runs (default: on; "
                                          "off only for steps that need every output id on the host)", type=bool)
     # ---- execution ---------------------------------------------------------------------------
@@ -313,6 +317,6 @@ class EngineArgs:
             disable_custom_all_reduce=bool(self.disable_custom_all_reduce), kv_events_config=kv_events_config,
             speculative_config=speculative_config, kv_cache_dtype=self.kv_cache_dtype,
             calculate_kv_scales=self.calculate_kv_scales,
-            quantization=resolve_quantization(self.quantization, hf_config))
+            quantization=resolve_quantization(self.quantization, hf_config), stream_interval=self.stream_interval)
         config.validate()
         return config

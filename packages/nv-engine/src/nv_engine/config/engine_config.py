@@ -90,6 +90,7 @@ class EngineConfig:
     cpu_kv_cache_space_gib: float = DEFAULT_CPU_KV_CACHE_GIB   # KV-cache budget when the device is the CPU
     distributed_timeout_s: float = DEFAULT_DISTRIBUTED_TIMEOUT_S   # longest wait of one collective
     quantization: str | None = None              # weight quantization: "fp8" (block-wise) or None (unquantized)
+    stream_interval: int = 1                     # streamed outputs: one per this many tokens (first and last at once)
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:
@@ -98,7 +99,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
         for name in ("tensor_parallel_size", "data_parallel_size", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens", "block_size"):
+                     "max_num_batched_tokens", "block_size", "stream_interval"):
             positive_int(name)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")

@@ -119,7 +119,8 @@ class AsyncLLM:
             self.config: EngineConfig = config
             self.tokenizer: Tokenizer | None = load_tokenizer(config)
             self.preparer = RequestPreparer(config, self.tokenizer)
-            self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=True)
+            self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=True,
+                                                    stream_interval=config.stream_interval)
             eos = eos_token_ids(config, self.tokenizer)
             logger.info("read the model's config and tokenizer in %.1f s%s", time.perf_counter() - reading,
                         "" if early is None else " (the engine core started meanwhile)")

@@ -65,7 +65,8 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(config, self.tokenizer)
         self.vocab_size = int(config.hf_config.vocab_size)
         self.core = EngineCore(config, self.eos_token_ids, tokenizer=self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=stream_outputs)
+        self.output_processor = OutputProcessor(self.tokenizer, stream_outputs=stream_outputs,
+                                                stream_interval=config.stream_interval)
         self.preparer = RequestPreparer(config, self.tokenizer)
 
     # ---- the core's state (tests and benchmarks read it) --------------------------------------

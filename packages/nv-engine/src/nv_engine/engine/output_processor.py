@@ -30,13 +30,17 @@ class ProcessedOutputs(NamedTuple):
 
 
 class OutputProcessor:
-    """stream_outputs=True: `process` returns every request that got tokens (full text so far).
-    stream_outputs=False: only finished requests, text decoded once at the end unless the request
-    has stop strings."""
+    """stream_outputs=True: `process` returns every request that got tokens (full text so far), or with
+    stream_interval N > 1 only once per N new tokens of each completion (the first tokens and every end at
+    once; vLLM's --stream-interval). stream_outputs=False: only finished requests, text decoded once at the
+    end unless the request has stop strings."""
 
-    def __init__(self, tokenizer: Tokenizer | None, *, stream_outputs: bool) -> None:
+    def __init__(self, tokenizer: Tokenizer | None, *, stream_outputs: bool, stream_interval: int = 1) -> None:
+        if isinstance(stream_interval, bool) or not isinstance(stream_interval, int) or stream_interval < 1:
+            raise ValueError(f"stream_interval must be a positive integer, got {stream_interval!r}")
         self.tokenizer = tokenizer
         self.stream_outputs = stream_outputs
+        self.stream_interval = stream_interval
         self.requests: dict[str, RequestState] = {}
         if tokenizer is not None:
             ByteLevelVocab.of(tokenizer)   # the detokenizer's table, built now rather than on the first request
@@ -92,6 +96,7 @@ class OutputProcessor:
                 continue                               # a stop string ended it already
             new_ids = update.new_token_ids
             completion.token_ids.extend(new_ids)
+            state.unsent_tokens += len(new_ids)
             if update.completion_index == 0:
                 state.num_cached_tokens = update.num_cached_tokens
             if update.prompt_logprobs is not None and state.params.prompt_logprobs is not None:
@@ -119,12 +124,15 @@ class OutputProcessor:
                 completion.finish_reason = reason
                 if update.stop_token_id is not None and update.stop_token_id in (state.params.stop_token_ids or ()):
                     completion.stop_reason = update.stop_token_id
+            if completion.finish_reason is not None:
+                state.completion_finished = True
             touched[request_id] = state
         outputs = []
+        interval = self.stream_interval
         for state in touched.values():
-            finished = state.finished
-            if finished:
+            if state.finished:
                 del requests[state.request_id]
-            if finished or self.stream_outputs:
+                outputs.append(state.to_output(tokenizer))
+            elif self.stream_outputs and state.output_due(interval):
                 outputs.append(state.to_output(tokenizer))
         return ProcessedOutputs(outputs, to_finish)

@@ -20,6 +20,11 @@ class RequestState:
     # vLLM's shape: None for the first prompt token, then one dict per prompt position
     prompt_logprobs: list[SampleLogprobs | None] | None = None
     _prompt_logprobs_sent: bool = False    # delta outputs carry them once
+    # stream_interval: tokens of all completions since the last output; whether one was sent; whether a
+    # completion finished since (its end goes out at once)
+    unsent_tokens: int = 0
+    output_sent: bool = False
+    completion_finished: bool = False
 
     @property
     def finished(self) -> bool:
@@ -28,8 +33,17 @@ class RequestState:
                 return False
         return True
 
+    def output_due(self, stream_interval: int) -> bool:
+        """Whether a streamed output should go out now: its first, one per stream_interval tokens of each
+        completion, or a completion's end. Outputs left out lose nothing: the next one carries their news."""
+        return (stream_interval == 1 or not self.output_sent or self.completion_finished
+                or self.unsent_tokens >= stream_interval * len(self.completions))
+
     def to_output(self, tokenizer: Tokenizer | None) -> RequestOutput:
         """Every completion, cumulative or (output_kind DELTA) what is new since the last output."""
+        self.unsent_tokens = 0
+        self.output_sent = True
+        self.completion_finished = False
         delta = self.params.output_kind is RequestOutputKind.DELTA
         prompt_logprobs = self.prompt_logprobs
         if delta and prompt_logprobs is not None:
