@@ -1,0 +1,122 @@
+"""The Triton kernel of nv_kernels.int4_gemm: y[M, N] = x[M, K] @ dequant(W)^T, W4A16 with per-group scales and zeros.
+
+Layout (nv's, made once at load by int4_gemm.pack_int4_weight from any checkpoint format):
+  qweight int32 [N, K / 8]   per output row, 16 words per group of 128 inputs; word j of group g holds the codes
+                             of k = 128 g + 16 i + j at bits 4 i .. 4 i + 3, i = 0..7. So the nibbles at one shift
+                             of a group's 16 words are 16 consecutive inputs: x is read as contiguous 16-element
+                             slices and no code changes place in registers (interleaving within a group, as
+                             GPU-oriented INT4 formats do, in its simplest form)
+  scales  [K / 128, N]       float16 / bfloat16 / float32, one per (group of 128 inputs, output column)
+  zeros   uint8 [K / 128, N] the group's zero point (0..16: an older GPTQ checkpoint's stored zero + 1 may be 16)
+W[n, k] = (code[n, k] - zero[k // 128, n]) * scale[k // 128, n]. One K step is one group (16 words per row), so a
+step needs one scale and one zero per column and no K masks (K is a multiple of 128). Within a step the kernel sums
+x * (code - zero) (an integer from -16 to 15: exact in any float dtype) and scales the group's sum once.
+
+Variants (constexpr):
+  USE_DOT   x [BLOCK_M, 16] slices times (code - zero) [BLOCK_N, 16] on the tensor cores, eight per group (x's
+            dtype, exact operands, fp32 sums); else (one row, M == 1) the GEMV on the CUDA cores: products in fp32
+            per [BLOCK_N, 16] lane, reduced once after the K loop.
+  SPLIT_K   the K groups cut over SPLIT_K programs per column block (decode shapes with few column blocks):
+            each writes fp32 partial sums to a workspace and bumps the block's arrival counter; the last to
+            arrive adds the partials up in split order and writes the output (the scheme of nv_kernels.skinny_gemm:
+            counters back to 0 after every call, so no fill per call and CUDA-graph safe).
+  HAS_BIAS  y += bias before the rounding to the output dtype.
+  DOT_IN_FP32  Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there both tiles
+            are fp32.
+A code becomes a float without an int-to-float conversion (a slow instruction on the GPU): OR-ing it into the
+mantissa of 2^23 (0x4B000000) gives the float 2^23 + code, and subtracting 2^23 + zero leaves code - zero exactly
+(the magic-number trick of FasterTransformer's INT4 dequantizers).
+"""
+# Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
+# num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
+# pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
+# pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
+from __future__ import annotations
+
+from nv_kernels.fused_dispatch import triton_jit
+
+try:
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    tl = None
+
+GROUP = 128               # inputs per scale / zero: one K step
+WORDS = GROUP // 8        # int32 words per row per group
+
+
+@triton_jit
+def _codes_minus_zero(words, shift, zero_biased):
+    """words [BLOCK_N, 16] -> code - zero in fp32 (exact) of the nibbles at bit `shift`; zero_biased [BLOCK_N] is
+    2^23 + zero."""
+    biased = (((words >> shift) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + code
+    return biased - zero_biased[:, None]
+
+
+@triton_jit(do_not_specialize=["M"])   # the batch size varies; BLOCK_M is its compile-time bucket
+def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, GROUPS_PER_SPLIT,
+                     stride_xm, stride_qn, stride_sg, stride_om, stride_ps,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SPLIT_K: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr):
+    # X [M, K], OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)).
+    # SPLIT_K > 1 (one M block only): PART fp32 [SPLIT_K, M, N] (stride_ps between splits), COUNTERS int32
+    # [cdiv(N, BLOCK_N)], all 0 on entry.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                                 # [BLOCK_N] output columns
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                                 # [BLOCK_M] rows of x
+    rj = tl.arange(0, 16)                                                        # word of a group
+    n_mask = rn < N
+    m_mask = rm < M
+    g_lo = pid_k * GROUPS_PER_SPLIT
+    g_hi = tl.minimum(g_lo + GROUPS_PER_SPLIT, K // 128)
+    w_ptrs = QW + rn.to(tl.int64)[:, None] * stride_qn + rj[None, :]            # [BLOCK_N, 16]: group 0
+    if USE_DOT:
+        x_ptrs = X + rm[:, None] * stride_xm + rj[None, :]                       # [BLOCK_M, 16]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:   # M == 1
+        x_ptrs = X + rj                                                          # [16]
+        acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    for g in tl.range(g_lo, g_hi, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
+        words = tl.load(w_ptrs + g * 16, mask=n_mask[:, None], other=0)         # [BLOCK_N, 16] int32
+        scale = tl.load(SCALES + g * stride_sg + rn, mask=n_mask, other=0.0).to(tl.float32)            # [BLOCK_N]
+        zero_biased = tl.load(ZEROS + g * stride_sg + rn, mask=n_mask, other=0).to(tl.float32) + 8388608.0
+        if USE_DOT:
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for i in tl.static_range(8):   # inputs 128 g + 16 i .. + 15
+                w = _codes_minus_zero(words, 4 * i, zero_biased)                 # [BLOCK_N, 16]
+                x = tl.load(x_ptrs + g * 128 + 16 * i, mask=m_mask[:, None], other=0.0)   # [BLOCK_M, 16]
+                if DOT_IN_FP32:
+                    part = tl.dot(x.to(tl.float32), tl.trans(w), part)
+                else:
+                    part = tl.dot(x, tl.trans(w.to(x.dtype)), part)
+            acc += part * scale[None, :]
+        else:
+            part = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+            for i in tl.static_range(8):
+                w = _codes_minus_zero(words, 4 * i, zero_biased)                 # [BLOCK_N, 16]
+                x = tl.load(x_ptrs + g * 128 + 16 * i).to(tl.float32)             # [16]
+                part += w * x[None, :]
+            acc += part * scale[:, None]
+    if not USE_DOT:
+        acc = tl.sum(acc, axis=1)[None, :]                                       # [1, BLOCK_N]
+    mask = m_mask[:, None] & n_mask[None, :]                                      # [BLOCK_M, BLOCK_N]
+    out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=mask)
+    else:
+        part_ptrs = PART + rm[:, None] * N + rn[None, :]
+        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
+        tl.debug_barrier()   # every thread's partial stores precede the release below
+        arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")               # splits of this block done before
+        if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
+                # .cg: read L2, never a line of this buffer an earlier call left in this SM's L1
+                total += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(BIAS + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptrs, total.to(OUT.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(COUNTERS + pid_n, 0)                                   # ready for the next call
