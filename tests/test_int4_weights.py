@@ -24,6 +24,8 @@ from int4_checkpoints import (
     write_int4_checkpoint,
 )
 
+from nv_layers.linear import LinearBase
+
 PROMPTS = ["The quick brown fox", "Hello, world! How", "1 2 3 4 5", "Paged attention stores keys"]
 TOP_K = 5
 PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -81,9 +83,7 @@ def test_broken_checkpoints_are_caught(int4_dirs: dict[str, Path], dequantized_o
         check_logprobs_close(dequantized_outputs[method], generate(int4_dirs[variant]), "dequantized", variant)
 
 
-def _layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    from nv_layers.linear import LinearBase
-
+def _layers(model: torch.nn.Module) -> dict[str, LinearBase]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LinearBase)}
 
 
@@ -96,11 +96,12 @@ def _build(path: Path) -> torch.nn.Module:
     return build_model(Qwen3ForCausalLM, AutoConfig.from_pretrained(path), path)
 
 
-def _dequantized(layer: torch.nn.Module) -> torch.Tensor:
+def _dequantized(layer: LinearBase) -> torch.Tensor:
     from nv_kernels.int4_gemm import dequantize_int4
 
-    assert layer.weight.dtype == torch.int32
-    return dequantize_int4(layer.weight, layer.weight_scales, layer.weight_zeros)
+    scales, zeros = layer.weight_scales, layer.weight_zeros
+    assert layer.weight.dtype == torch.int32 and scales is not None and zeros is not None
+    return dequantize_int4(layer.weight, scales, zeros)
 
 
 def _reference(refs: dict[str, torch.Tensor], layer_name: str) -> torch.Tensor:
@@ -113,7 +114,9 @@ def test_loaded_weights_equal_the_reference_dequantization(tiny_dir: Path, int4_
                                                            method: str) -> None:
     refs = reference_weights(tiny_dir, method)
     layers = _layers(_build(int4_dirs[method]))
-    assert len(layers) == 4 * 2 and all(layer.weight_scales.dtype == torch.float16 for layer in layers.values())
+    assert len(layers) == 4 * 2
+    assert all(layer.weight_scales is not None and layer.weight_scales.dtype == torch.float16
+               for layer in layers.values())
     for name, layer in layers.items():
         assert torch.equal(_dequantized(layer), _reference(refs, name)), name
 

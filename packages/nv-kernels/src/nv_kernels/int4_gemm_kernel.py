@@ -83,7 +83,7 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
         zero_biased = tl.load(ZEROS + g * stride_sg + rn, mask=n_mask, other=0).to(tl.float32) + 8388608.0
         if USE_DOT:
             part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for i in tl.static_range(8):   # inputs 128 g + 16 i .. + 15
+            for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]  (inputs 128 g + 16 i ..)
                 w = _codes_minus_zero(words, 4 * i, zero_biased)                 # [BLOCK_N, 16]
                 x = tl.load(x_ptrs + g * 128 + 16 * i, mask=m_mask[:, None], other=0.0)   # [BLOCK_M, 16]
                 if DOT_IN_FP32:
@@ -93,7 +93,7 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
             acc += part * scale[None, :]
         else:
             part = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-            for i in tl.static_range(8):
+            for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]
                 w = _codes_minus_zero(words, 4 * i, zero_biased)                 # [BLOCK_N, 16]
                 x = tl.load(x_ptrs + g * 128 + 16 * i).to(tl.float32)             # [16]
                 part += w * x[None, :]
