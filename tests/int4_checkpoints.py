@@ -12,7 +12,7 @@ the LM head stay as they are, and config.json gains the format's quantization_co
 The packing here is written from those facts on its own (not with nv's readers), so a test that loads these
 checkpoints checks nv's readers against the formats. `broken` writes a deliberately wrong variant:
 "nibble_order" packs the codes in plain order (AWQ) or the input rows reversed within a word (GPTQ);
-"half_scales" stores every scale halved.
+"half_scales" stores every scale halved. `zero_biases` adds the all-zero `<name>.bias` AutoGPTQ saves for every layer.
 """
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def pack_gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, re
             "g_idx": torch.arange(in_features, dtype=torch.int32) // GROUP}
 
 
-def write_int4_checkpoint(src: Path, dst: Path, method: str, broken: str | None = None) -> Path:
+def write_int4_checkpoint(src: Path, dst: Path, method: str, broken: str | None = None, zero_biases: bool = False
+                          ) -> Path:
     """A copy of the float checkpoint `src` in `dst` with its projections in `method`'s INT4 format ("awq" or
     "gptq"); `broken`: None, "nibble_order" or "half_scales"."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -105,6 +106,8 @@ def write_int4_checkpoint(src: Path, dst: Path, method: str, broken: str | None 
                 packed = pack_gptq(codes, scales, zeros, reverse_rows=wrong_order)
             prefix = name.removesuffix("weight")
             tensors.update({prefix + key: value.contiguous() for key, value in packed.items()})
+            if zero_biases:
+                tensors.setdefault(prefix + "bias", torch.zeros(codes.shape[0], dtype=torch.float16))
         save_file(tensors, str(dst / file.name), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = dict(AWQ_CONFIG if method == "awq" else GPTQ_CONFIG)

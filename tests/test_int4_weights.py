@@ -109,11 +109,15 @@ def _reference(refs: dict[str, torch.Tensor], layer_name: str) -> torch.Tensor:
     return torch.cat([refs[f"{head}.{part}.weight"] for part in PACKED.get(leaf, (leaf,))])
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("method", ["awq", "gptq", "gptq_zero_biases"])
 def test_loaded_weights_equal_the_reference_dequantization(tiny_dir: Path, int4_dirs: dict[str, Path],
-                                                           method: str) -> None:
+                                                           method: str, tmp_path: Path) -> None:
+    if method == "gptq_zero_biases":   # AutoGPTQ's extra zero biases load as nothing
+        method, path = "gptq", write_int4_checkpoint(tiny_dir, tmp_path / "biases", "gptq", zero_biases=True)
+    else:
+        path = int4_dirs[method]
     refs = reference_weights(tiny_dir, method)
-    layers = _layers(_build(int4_dirs[method]))
+    layers = _layers(_build(path))
     assert len(layers) == 4 * 2
     assert all(layer.weight_scales is not None and layer.weight_scales.dtype == torch.float16
                for layer in layers.values())
@@ -179,7 +183,8 @@ def test_quantization_settings_that_nv_cannot_honour(tiny_dir: Path, int4_dirs: 
         EngineArgs(model=str(tiny_dir), quantization="int8")
     refused = [(AWQ_CONFIG, "bits", 8), (AWQ_CONFIG, "group_size", 64), (AWQ_CONFIG, "zero_point", False),
                (AWQ_CONFIG, "version", "gemv"), (GPTQ_CONFIG, "desc_act", True), (GPTQ_CONFIG, "bits", 3),
-               (GPTQ_CONFIG, "checkpoint_format", "marlin"), (GPTQ_CONFIG, "lm_head", True)]
+               (GPTQ_CONFIG, "checkpoint_format", "marlin"), (GPTQ_CONFIG, "lm_head", True),
+               (GPTQ_CONFIG, "pack_dtype", "int8")]
     for i, (base, key, value) in enumerate(refused):
         other = _with_config(awq, tmp_path / f"refused{i}", {**base, key: value})
         with pytest.raises(ValueError, match=f"{key}={value!r}.*nv runs AWQ .*group_size 128.* and GPTQ"):

@@ -83,6 +83,8 @@ class Int4CheckpointFormat:
                 raise _refuse(method, key, refused)
         if qc.get("dynamic"):
             raise _refuse(method, "dynamic", qc.get("dynamic"))
+        if str(qc.get("pack_dtype", "int32")).removeprefix("torch.") != "int32":
+            raise _refuse(method, "pack_dtype", qc.get("pack_dtype"))
         fmt = str(qc.get("checkpoint_format", "gptq")).lower()
         if fmt not in ("gptq", "gptq_v2"):
             raise _refuse(method, "checkpoint_format", qc.get("checkpoint_format"))

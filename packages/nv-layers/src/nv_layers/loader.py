@@ -15,7 +15,8 @@ block, this gives back the checkpoint's codes).
 INT4 checkpoints (AWQ / GPTQ, nv_layers.int4_checkpoint; `build_model` finds the format in the config's
 quantization_config) keep their codes: every linear layer whose `<name>.qweight` the checkpoint holds expects INT4
 (`LinearBase.expect_int4_checkpoint`), each `qweight` / `qzeros` / `scales` tensor is converted to the canonical
-layout as it loads (GPTQ's `g_idx` is checked to be trivial and dropped), the layers' weight loaders cut this rank's
+layout as it loads (GPTQ's `g_idx` is checked to be trivial and dropped, and so are the zero biases AutoGPTQ writes
+for layers without one), the layers' weight loaders cut this rank's
 shard, and each layer packs its shard for the kernel at the end (`pack_int4`). Layers the checkpoint holds as float
 weights (AWQ's modules_to_not_convert) load as they are. `build_model(..., quantization="awq")` on an unquantized
 checkpoint quantizes every linear layer to INT4 instead (round to nearest; no calibration).
@@ -128,14 +129,14 @@ def load_safetensors(model: nn.Module, path: str | Path, int4: Int4CheckpointFor
     plan: list[tuple[Path, str, str, object]] = []                 # (file, ckpt name, param, shard)
     unexpected: set[str] = set()
     fp8_scales: dict[str, Path] = {}                                # weight name -> file holding its scale
-    g_indices: list[tuple[Path, str]] = []                          # GPTQ g_idx tensors, checked then dropped
+    dropped: list[tuple[Path, str]] = []                            # INT4 extras, checked then dropped
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 if name in aliases or name.endswith(IGNORED_SUFFIXES):
                     continue
                 if int4 is not None and name.endswith(".g_idx"):
-                    g_indices.append((file, name))
+                    dropped.append((file, name))
                     continue
                 if name.endswith(".weight" + FP8_SCALE_SUFFIX):
                     fp8_scales[name.removesuffix(FP8_SCALE_SUFFIX)] = file
@@ -147,7 +148,9 @@ def load_safetensors(model: nn.Module, path: str | Path, int4: Int4CheckpointFor
                         attention.load_kv_scale(w, f.get_tensor(name))
                     continue
                 target = _resolve(name, packed, params)
-                if target is None:
+                if target is None and int4 is not None and name.endswith(".bias"):
+                    dropped.append((file, name))          # AutoGPTQ saves a bias for every INT4 layer
+                elif target is None:
                     unexpected.add(name)
                 else:
                     plan.append((file, name, *target))
@@ -197,11 +200,20 @@ def load_safetensors(model: nn.Module, path: str | Path, int4: Int4CheckpointFor
                     except ValueError as exc:   # shape checks: name the checkpoint tensor and file
                         raise ValueError(f"checkpoint tensor {name!r} in {file.name} does not fit parameter "
                                          f"{param_name!r}: {exc}") from exc
-        for file, name in g_indices:
+        for file, name in dropped:
             with safe_open(str(file), framework="pt") as f:
-                Int4CheckpointFormat.check_g_idx(f.get_tensor(name), name)
+                _check_dropped(name, f.get_tensor(name))
         for layer in int4_layers:
             layer.pack_int4()
+
+
+def _check_dropped(name: str, tensor: torch.Tensor) -> None:
+    """An INT4 checkpoint's tensor that nothing loads: a trivial GPTQ g_idx, or a zero bias of a layer the model
+    builds without one (as AutoGPTQ writes them); ValueError for anything else."""
+    if name.endswith(".g_idx"):
+        Int4CheckpointFormat.check_g_idx(tensor, name)
+    elif bool(tensor.any()):
+        raise ValueError(f"checkpoint tensor {name!r}: a non-zero bias for a layer the model builds without one")
 
 
 def _dequantized(weight: torch.Tensor, name: str, scale_file: Path, dtype: torch.dtype) -> torch.Tensor:
