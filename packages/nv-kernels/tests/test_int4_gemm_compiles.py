@@ -1,6 +1,6 @@
 """The INT4 GEMM kernel compiles for Hopper (sm_90) on a machine without a GPU, for each launch the heuristic picks
-at the Qwen3-8B shapes (the one-row GEMV with split K, decode tiles with split K, mid-size and prefill tiles),
-within an SM's shared memory. The interpreter tests (test_int4_gemm) check numerics; this catches what only the
+at the Qwen3-8B shapes (the one-row GEMV with split K, decode tiles with split K, mid-size and prefill tiles; bf16,
+and fp16 with a bias), within an SM's shared memory. The interpreter tests (test_int4_gemm) check numerics; this catches what only the
 compiler refuses."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_int4_gemm_compiles_for_sm90(tmp_path: Path) -> None:
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "compiled 4 launches" in result.stdout
+    assert "compiled 6 launches" in result.stdout
 
 
 def _compile_all() -> None:
@@ -43,19 +43,21 @@ def _compile_all() -> None:
     qweight = torch.zeros(n, k // 8, dtype=torch.int32)
     scales = torch.ones(k // GROUP, n, dtype=torch.float16)
     zeros = torch.zeros(k // GROUP, n, dtype=torch.uint8)
-    for m in (1, 16, 48, 512):
+    launches = [(m, torch.bfloat16, False) for m in (1, 16, 48, 512)] + [(1, torch.float16, True),
+                                                                         (16, torch.float16, True)]
+    for m, dtype, bias in launches:
         cfg = choose_config(m, n, k, 132)
-        x, y = torch.zeros(m, k, dtype=torch.bfloat16), torch.empty(m, n, dtype=torch.bfloat16)
+        x, y = torch.zeros(m, k, dtype=dtype), torch.empty(m, n, dtype=dtype)
         partials, counters = torch.empty(cfg.split_k, m, n), torch.zeros(n // cfg.block_n, dtype=torch.int32)
         args = (x, qweight, scales, zeros, y, y, partials, counters, m, n, k, 8, x.stride(0), qweight.stride(0),
                 scales.stride(0), y.stride(0), partials.stride(0))
         options = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot, SPLIT_K=cfg.split_k,
-                       HAS_BIAS=False, DOT_IN_FP32=False, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+                       HAS_BIAS=bias, DOT_IN_FP32=False, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages)
         compiled = compile_for_gpu(int4_gemm_kernel, args, options)
         if compiled.metadata.shared > SM90_SHARED_MEMORY:
             raise SystemExit(f"m={m}: {compiled.metadata.shared} bytes of shared memory, more than sm_90 allows")
-    print("compiled 4 launches")
+    print(f"compiled {len(launches)} launches")
 
 
 if __name__ == "__main__":
