@@ -5,7 +5,7 @@ AWQ / GPTQ modules); deliberately broken ones (AWQ codes in plain nibble order, 
 converse) do not. Against the random model before quantization the rule does not hold at this size: 4-bit codes
 move each weight by up to half a step (~10% of its spread), and a tiny random model's next-token distribution is
 flat enough that this reorders its top 5. Online `quantization="awq"` on the unquantized checkpoint gives what the
-AWQ checkpoint gives. The loaded layers hold exactly the reference dequantization, also per tensor-parallel shard.
+AWQ checkpoint gives, and the Triton kernel inside the engine (interpreted) what the torch path gives. The loaded layers hold exactly the reference dequantization, also per tensor-parallel shard.
 Unsupported or contradicting settings are ValueErrors."""
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from int4_checkpoints import (
 
 from nv_layers.linear import LinearBase
 
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tiny models: one thread, no stalls on a busy machine
 PROMPTS = ["The quick brown fox", "Hello, world! How", "1 2 3 4 5", "Paged attention stores keys"]
 TOP_K = 5
 PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -72,6 +73,20 @@ def test_awq_and_gptq_checkpoints_are_close_to_the_unquantized_model(tiny_dir: P
     assert awq != generate(tiny_dir)                                       # the weights did change
     online = generate(tiny_dir, quantization="awq")                        # the same round to nearest, at load
     assert [ids for ids, _ in online] == [ids for ids, _ in awq]
+
+
+def test_the_triton_kernel_inside_the_engine_gives_the_torch_paths_tokens(int4_dirs: dict[str, Path]) -> None:
+    """fused_ops "on": the INT4 layers run the Triton kernel in its interpreter (prefill rows on the tensor-core
+    path with split K, one-row decode steps on the GEMV), as on a GPU."""
+    from nv_engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=TOP_K, ignore_eos=True)
+    outputs = []
+    for fused_ops in ("off", "on"):
+        with LLM(str(int4_dirs["awq"]), max_model_len=64, fused_ops=fused_ops, enforce_eager=True) as llm:
+            outputs.append(nv_with_logprobs(llm.generate(PROMPTS[:1], params, use_tqdm=False)))
+    assert outputs[0][0][0] == outputs[1][0][0]
+    check_logprobs_close(outputs[0], outputs[1], "torch", "triton")
 
 
 @pytest.mark.parametrize("variant", ["awq_nibble_order", "awq_half_scales", "gptq_nibble_order",

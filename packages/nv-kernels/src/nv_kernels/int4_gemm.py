@@ -9,8 +9,9 @@ Two layouts:
              zeros uint8 [K / 128, N]: `pack_int4_weight` makes it from the canonical one (see
              nv_kernels.int4_gemm_kernel for why).
 W[n, k] = (code - zero) * scale, in fp32. `int4_gemm(x, qweight, scales, zeros, bias)` = x @ W^T: the Triton
-kernel (dequantization inside it: the weight is read as 4-bit codes) on CUDA tensors, else `int4_gemm_torch`,
-dequantize then matmul in fp32: the CPU path and the tests' reference.
+kernel (dequantization inside it: the weight is read as 4-bit codes) where the fused kernels run (CUDA tensors
+unless fused ops are "off"), else `int4_gemm_torch`, dequantize then matmul in fp32: the CPU path and the tests'
+reference.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor
 
 from nv_kernels import envs
+from nv_kernels.fused_dispatch import fused_ops_enabled
 from nv_kernels.sm_count import cuda_sm_count
 from nv_kernels.split_k_workspace import SplitKWorkspace
 
@@ -176,7 +178,8 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
 
 
 def int4_gemm(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ W^T for INT4 W in the kernel layout: the Triton kernel on CUDA, the torch reference elsewhere."""
-    if x.is_cuda:
+    """x @ W^T for INT4 W in the kernel layout: the Triton kernel where the fused kernels run (CUDA; CPU tensors in
+    mode "on" under TRITON_INTERPRET=1: nv_kernels.fused_dispatch), else the torch reference."""
+    if fused_ops_enabled(x, qweight):
         return int4_gemm_triton(x, qweight, scales, zeros, bias)
     return int4_gemm_torch(x, qweight, scales, zeros, bias)
