@@ -5,8 +5,9 @@ AWQ / GPTQ modules); deliberately broken ones (AWQ codes in plain nibble order, 
 converse) do not. Against the random model before quantization the rule does not hold at this size: 4-bit codes
 move each weight by up to half a step (~10% of its spread), and a tiny random model's next-token distribution is
 flat enough that this reorders its top 5. Online `quantization="awq"` on the unquantized checkpoint gives what the
-AWQ checkpoint gives, and the Triton kernel inside the engine (interpreted) what the torch path gives. The loaded layers hold exactly the reference dequantization, also per tensor-parallel shard.
-Unsupported or contradicting settings are ValueErrors."""
+AWQ checkpoint gives, and the Triton kernel inside the engine (interpreted) what the torch path gives. The loaded
+layers hold exactly the reference dequantization, also per tensor-parallel shard. Unsupported or contradicting
+settings are ValueErrors."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
 """The INT4 GEMM kernel compiles for Hopper (sm_90) on a machine without a GPU, for each launch the heuristic picks
 at the Qwen3-8B shapes (the one-row GEMV with split K, decode tiles with split K, mid-size and prefill tiles; bf16,
-and fp16 with a bias), within an SM's shared memory. The interpreter tests (test_int4_gemm) check numerics; this catches what only the
-compiler refuses."""
+and fp16 with a bias), within an SM's shared memory. The interpreter tests (test_int4_gemm) check numerics; this
+catches what only the compiler refuses."""
 from __future__ import annotations
 
 import importlib.util
