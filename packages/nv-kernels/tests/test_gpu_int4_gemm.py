@@ -1,6 +1,6 @@
 """The INT4 GEMM on a CUDA GPU at Qwen3-8B projection shapes (pytest -m gpu): the Triton kernel equals the
 dequantize-then-matmul reference for decode (1, 16 rows: split K) and prefill-size (256 rows) batches, bf16 and
-fp16; a CUDA-graph replay of a split-K launch gives the eager result (the counters are reused, never refilled)."""
+fp16, also with SiLU-and-mul fused (gate_up); a CUDA-graph replay of a split-K launch gives the eager result (the counters are reused, never refilled)."""
 from __future__ import annotations
 
 import pytest
@@ -32,6 +32,17 @@ def test_kernel_matches_its_reference_at_8b_shapes(m: int, n: int, k: int, dtype
     want = int4_gemm_torch(x.float(), qweight, scales, zeros)
     assert got.dtype == dtype and not got.isnan().any()
     assert relative_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 16, 256])
+def test_gated_kernel_at_the_8b_gate_up(m: int) -> None:
+    from nv_kernels.int4_gemm import int4_gemm, int4_gemm_torch
+
+    qweight, scales, zeros = random_int4(2 * 12288, 4096, m)
+    x = torch.randn(m, 4096, device="cuda").bfloat16()
+    got = int4_gemm(x, qweight, scales, zeros, gated=True)
+    assert got.shape == (m, 12288)
+    assert relative_error(got, int4_gemm_torch(x, qweight, scales, zeros, gated=True)) < 2e-2
 
 
 def test_split_k_graph_replay_matches_eager() -> None:

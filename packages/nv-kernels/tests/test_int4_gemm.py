@@ -1,5 +1,6 @@
 """INT4 GEMM (nv_kernels.int4_gemm): the Triton kernel under TRITON_INTERPRET=1 equals the dequantize-then-matmul
-reference at a real projection shape (tensor-core tiles with split K, and the one-row GEMV) and at ragged edges;
+reference at a real projection shape (tensor-core tiles with split K, and the one-row GEMV) and at ragged edges, and
+with SiLU-and-mul fused (gated);
 every output element is written; the split-K counters are left at 0; the kernel layout and the round-to-nearest
 quantizer keep what they promise."""
 from __future__ import annotations
@@ -108,6 +109,24 @@ def test_each_variant_with_fp32_scales_and_fp16_activations(kernel: ModuleType, 
     got = int4_gemm_triton(x, qweight, scales, zeros, config=config)
     want = int4_gemm_torch(x.float(), qweight, scales, zeros)
     assert relative_error(got, want) < 2e-3
+
+
+@pytest.mark.parametrize("m,config", [(1, None), (6, None), (40, None), (1, Int4GemmConfig(1, 16, False, 1, 4, 1))])
+def test_gated_kernel_matches_gemm_then_silu_and_mul(kernel: ModuleType, poisoned_outputs: None, m: int,
+                                                     config: Int4GemmConfig | None) -> None:
+    """[gate; up] weights (2 x 192 rows, K = 512): the split-K GEMV and tile paths, no split, a bias."""
+    from nv_kernels.int4_gemm import int4_gemm_triton
+
+    gen = torch.Generator().manual_seed(m)
+    qweight, scales, zeros = random_int4(2 * 192, 512, gen)
+    x = torch.randn(m, 512, generator=gen).bfloat16()
+    bias = torch.randn(2 * 192, generator=gen).bfloat16()
+    got = int4_gemm_triton(x, qweight, scales, zeros, bias, config=config, gated=True)
+    assert got.shape == (m, 192) and not got.isnan().any()
+    want = int4_gemm_torch(x, qweight, scales, zeros, bias, gated=True)
+    assert relative_error(got, want) < 2e-2                 # three bf16 roundings (gate, silu, product), as skinny's
+    exact = int4_gemm_triton(x.float(), qweight, scales, zeros, bias.float(), config=config, gated=True)
+    assert relative_error(exact, int4_gemm_torch(x.float(), qweight, scales, zeros, bias.float(), gated=True)) < 1e-5
 
 
 def test_launch_choices() -> None:

@@ -19,6 +19,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nv_kernels import envs
@@ -127,29 +128,39 @@ def dequantize_int4(qweight: Tensor, scales: Tensor, zeros: Tensor, dtype: torch
     return dequantize_int4_canonical(unpack_int4_codes(qweight), scales.t(), zeros.t(), dtype)
 
 
-def int4_gemm_torch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor | None = None) -> Tensor:
-    """Reference: x [..., K] -> [..., N] in x's dtype: dequantize, fp32 matmul (+ bias), one rounding."""
+def int4_gemm_torch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor | None = None, *,
+                    gated: bool = False) -> Tensor:
+    """Reference: x [..., K] -> [..., N] in x's dtype: dequantize, fp32 matmul (+ bias), one rounding; gated: the
+    weight is [gate; up] and the result silu(gate) * up [..., N / 2], rounded as nv_kernels.fused_act rounds."""
     flat = x.reshape(-1, x.shape[-1]).float()
     y = flat @ dequantize_int4(qweight, scales, zeros).T
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype).view(*x.shape[:-1], qweight.shape[0])
+    y = y.to(x.dtype)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = (F.silu(gate.float()).to(x.dtype).float() * up.float()).to(x.dtype)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor | None = None,
-                     config: Int4GemmConfig | None = None) -> Tensor:
-    """The Triton kernel: x [..., K] (bf16 / fp16 / fp32) -> [..., N] in x's dtype; config None: `choose_config`."""
+                     config: Int4GemmConfig | None = None, *, gated: bool = False) -> Tensor:
+    """The Triton kernel: x [..., K] (bf16 / fp16 / fp32) -> [..., N] in x's dtype (gated: silu(gate) * up,
+    [..., N / 2]); config None: `choose_config`."""
     from nv_kernels.int4_gemm_kernel import int4_gemm_kernel  # imported at first use (interpreter tests)
 
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     m, k = flat.shape
-    n = qweight.shape[0]
+    rows = qweight.shape[0]
     _check_groups(k)
-    if qweight.shape != (n, k // 8) or scales.shape != (k // GROUP, n) or zeros.shape != (k // GROUP, n):
+    if qweight.shape != (rows, k // 8) or scales.shape != (k // GROUP, rows) or zeros.shape != (k // GROUP, rows):
         raise ValueError(f"int4_gemm: x {tuple(x.shape)} does not match qweight {tuple(qweight.shape)}, scales "
                          f"{tuple(scales.shape)}, zeros {tuple(zeros.shape)}")
+    if gated and rows % 2:
+        raise ValueError(f"int4_gemm: a gated weight stacks [gate; up]: its rows must be even, got {rows}")
+    n = rows // 2 if gated else rows
     y = _empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y.view(*x.shape[:-1], n)
@@ -163,7 +174,8 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
     split_k = math.ceil(groups / groups_per_split)
     column_blocks = math.ceil(n / cfg.block_n)
     if split_k > 1:
-        partials = WORKSPACE.partials(x.device, split_k * m * n)[:split_k * m * n].view(split_k, m, n)
+        numel = split_k * m * rows
+        partials = WORKSPACE.partials(x.device, numel)[:numel].view(split_k, m, rows)
         counters = WORKSPACE.counters(x.device, column_blocks)
     else:
         partials, counters = y, y
@@ -172,14 +184,21 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
     kernel[grid](flat, qweight, scales, zeros, bias if bias is not None else y, y, partials, counters, m, n, k,
                  groups_per_split, flat.stride(0), qweight.stride(0), scales.stride(0), y.stride(0),
                  partials.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
-                 SPLIT_K=split_k, HAS_BIAS=bias is not None, DOT_IN_FP32=envs.triton_interpret(),
+                 SPLIT_K=split_k, GATED=gated, HAS_BIAS=bias is not None, DOT_IN_FP32=envs.triton_interpret(),
                  NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y.view(*x.shape[:-1], n)
 
 
-def int4_gemm(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ W^T for INT4 W in the kernel layout: the Triton kernel where the fused kernels run (CUDA; CPU tensors in
-    mode "on" under TRITON_INTERPRET=1: nv_kernels.fused_dispatch), else the torch reference."""
-    if fused_ops_enabled(x, qweight):
-        return int4_gemm_triton(x, qweight, scales, zeros, bias)
-    return int4_gemm_torch(x, qweight, scales, zeros, bias)
+def int4_gemm_fused(x: Tensor, qweight: Tensor) -> bool:
+    """Whether `int4_gemm` runs the Triton kernel on these tensors (nv_kernels.fused_dispatch: CUDA tensors unless
+    fused ops are "off"; CPU tensors in mode "on" under TRITON_INTERPRET=1); `gated=True` needs it."""
+    return fused_ops_enabled(x, qweight)
+
+
+def int4_gemm(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, bias: Tensor | None = None, *,
+              gated: bool = False) -> Tensor:
+    """x @ W^T for INT4 W in the kernel layout (gated: silu(gate) * up of a [gate; up] weight): the Triton kernel
+    where `int4_gemm_fused`, else the torch reference."""
+    if int4_gemm_fused(x, qweight):
+        return int4_gemm_triton(x, qweight, scales, zeros, bias, gated=gated)
+    return int4_gemm_torch(x, qweight, scales, zeros, bias, gated=gated)

@@ -20,6 +20,9 @@ Variants (constexpr):
             each writes fp32 partial sums to a workspace and bumps the block's arrival counter; the last to
             arrive adds the partials up in split order and writes the output (the scheme of nv_kernels.skinny_gemm:
             counters back to 0 after every call, so no fill per call and CUDA-graph safe).
+  GATED     the gate_up projection of a SwiGLU MLP with SiLU-and-mul in the epilogue (as nv_kernels.skinny_gemm's
+            GATED): the weight holds [gate; up] (2 N rows, as MergedColumnParallelLinear stores them), a program
+            streams the gate rows and the up rows of its columns and writes silu(gate) * up [M, N].
   HAS_BIAS  y += bias before the rounding to the output dtype.
   DOT_IN_FP32  Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there both tiles
             are fp32.
@@ -52,14 +55,65 @@ def _codes_minus_zero(words, shift, zero_biased):
     return biased - zero_biased[:, None]
 
 
+@triton_jit
+def _group_sums(QW, SCALES, ZEROS, w_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride_sg, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """Group g's share of the sums, scaled: [BLOCK_M, BLOCK_N] (USE_DOT) or per lane [BLOCK_N, 16] (the GEMV).
+    w_ptrs [BLOCK_N, 16] point at the columns' group-0 words, x_ptrs at x's first 16 inputs ([BLOCK_M, 16] / [16])."""
+    words = tl.load(w_ptrs + g * 16, mask=n_mask[:, None], other=0)                  # [BLOCK_N, 16] int32
+    scale = tl.load(SCALES + g * stride_sg + rn, mask=n_mask, other=0.0).to(tl.float32)            # [BLOCK_N]
+    zero_biased = tl.load(ZEROS + g * stride_sg + rn, mask=n_mask, other=0).to(tl.float32) + 8388608.0
+    if USE_DOT:
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]  (inputs 128 g + 16 i ..)
+            w = _codes_minus_zero(words, 4 * i, zero_biased)                         # [BLOCK_N, 16]
+            x = tl.load(x_ptrs + g * 128 + 16 * i, mask=m_mask[:, None], other=0.0)   # [BLOCK_M, 16]
+            if DOT_IN_FP32:
+                part = tl.dot(x.to(tl.float32), tl.trans(w), part)
+            else:
+                part = tl.dot(x, tl.trans(w.to(x.dtype)), part)
+        sums = part * scale[None, :]
+    else:
+        part = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+        for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]
+            w = _codes_minus_zero(words, 4 * i, zero_biased)                         # [BLOCK_N, 16]
+            x = tl.load(x_ptrs + g * 128 + 16 * i).to(tl.float32)                     # [16]
+            part += w * x[None, :]
+        sums = part * scale[:, None]
+    return sums
+
+
+@triton_jit
+def _finish(acc, up, BIAS, OUT, rn, n_mask, N, GATED: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """fp32 sums [BLOCK_M, BLOCK_N] (and the up half's, GATED) -> the output tile in OUT's dtype, rounded as torch's
+    path rounds: the GEMM result (plus bias) to the dtype; GATED: silu in fp32 rounded to the dtype, times up
+    (rounded), rounded once more (nv_kernels.fused_act)."""
+    y = acc
+    if HAS_BIAS:
+        y += tl.load(BIAS + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y = y.to(OUT.dtype.element_ty)
+    if GATED:
+        u = up
+        if HAS_BIAS:
+            u += tl.load(BIAS + N + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        u = u.to(OUT.dtype.element_ty).to(tl.float32)
+        g = y.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(OUT.dtype.element_ty).to(tl.float32)
+        y = (act * u).to(OUT.dtype.element_ty)
+    return y
+
+
 @triton_jit(do_not_specialize=["M"])   # the batch size varies; BLOCK_M is its compile-time bucket
 def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, GROUPS_PER_SPLIT,
                      stride_xm, stride_qn, stride_sg, stride_om, stride_ps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SPLIT_K: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr):
+                     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                     NUM_STAGES: tl.constexpr):
     # X [M, K], OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)).
-    # SPLIT_K > 1 (one M block only): PART fp32 [SPLIT_K, M, N] (stride_ps between splits), COUNTERS int32
-    # [cdiv(N, BLOCK_N)], all 0 on entry.
+    # GATED: the weight has 2 N rows, [gate; up], and OUT = silu(gate) * up; the up rows of these columns sit N rows
+    # further down (their scales and zeros N columns further right).
+    # SPLIT_K > 1 (one M block only): PART fp32 [SPLIT_K, M, N (2 N when GATED)] (stride_ps between splits),
+    # COUNTERS int32 [cdiv(N, BLOCK_N)], all 0 on entry.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -71,52 +125,42 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
     g_lo = pid_k * GROUPS_PER_SPLIT
     g_hi = tl.minimum(g_lo + GROUPS_PER_SPLIT, K // 128)
     w_ptrs = QW + rn.to(tl.int64)[:, None] * stride_qn + rj[None, :]            # [BLOCK_N, 16]: group 0
+    up_ptrs = QW + (rn.to(tl.int64) + N)[:, None] * stride_qn + rj[None, :]      # GATED: the up rows' words
     if USE_DOT:
         x_ptrs = X + rm[:, None] * stride_xm + rj[None, :]                       # [BLOCK_M, 16]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:   # M == 1
         x_ptrs = X + rj                                                          # [16]
         acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    up = acc
     for g in tl.range(g_lo, g_hi, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
-        words = tl.load(w_ptrs + g * 16, mask=n_mask[:, None], other=0)         # [BLOCK_N, 16] int32
-        scale = tl.load(SCALES + g * stride_sg + rn, mask=n_mask, other=0.0).to(tl.float32)            # [BLOCK_N]
-        zero_biased = tl.load(ZEROS + g * stride_sg + rn, mask=n_mask, other=0).to(tl.float32) + 8388608.0
-        if USE_DOT:
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]  (inputs 128 g + 16 i ..)
-                w = _codes_minus_zero(words, 4 * i, zero_biased)                 # [BLOCK_N, 16]
-                x = tl.load(x_ptrs + g * 128 + 16 * i, mask=m_mask[:, None], other=0.0)   # [BLOCK_M, 16]
-                if DOT_IN_FP32:
-                    part = tl.dot(x.to(tl.float32), tl.trans(w), part)
-                else:
-                    part = tl.dot(x, tl.trans(w.to(x.dtype)), part)
-            acc += part * scale[None, :]
-        else:
-            part = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-            for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]
-                w = _codes_minus_zero(words, 4 * i, zero_biased)                 # [BLOCK_N, 16]
-                x = tl.load(x_ptrs + g * 128 + 16 * i).to(tl.float32)             # [16]
-                part += w * x[None, :]
-            acc += part * scale[:, None]
+        acc += _group_sums(QW, SCALES, ZEROS, w_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride_sg, BLOCK_M, BLOCK_N,
+                           USE_DOT, DOT_IN_FP32)
+        if GATED:
+            up += _group_sums(QW, SCALES + N, ZEROS + N, up_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride_sg, BLOCK_M,
+                              BLOCK_N, USE_DOT, DOT_IN_FP32)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)[None, :]                                       # [1, BLOCK_N]
+        up = tl.sum(up, axis=1)[None, :]
     mask = m_mask[:, None] & n_mask[None, :]                                      # [BLOCK_M, BLOCK_N]
     out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
     if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(BIAS + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn, n_mask, N, GATED, HAS_BIAS), mask=mask)
     else:
-        part_ptrs = PART + rm[:, None] * N + rn[None, :]
+        part_cols = N * 2 if GATED else N
+        part_ptrs = PART + rm[:, None] * part_cols + rn[None, :]
         tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
+        if GATED:
+            tl.store(part_ptrs + pid_k * stride_ps + N, up, mask=mask)
         tl.debug_barrier()   # every thread's partial stores precede the release below
         arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")               # splits of this block done before
         if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
                 # .cg: read L2, never a line of this buffer an earlier call left in this SM's L1
-                total += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(BIAS + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptrs, total.to(OUT.dtype.element_ty), mask=mask)
+                acc += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+                if GATED:
+                    up += tl.load(part_ptrs + s * stride_ps + N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn, n_mask, N, GATED, HAS_BIAS), mask=mask)
             tl.atomic_xchg(COUNTERS + pid_n, 0)                                   # ready for the next call

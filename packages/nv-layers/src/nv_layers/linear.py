@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nv_kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_block
-from nv_kernels.int4_gemm import GROUP, int4_gemm, pack_int4_weight, quantize_int4
+from nv_kernels.int4_gemm import GROUP, int4_gemm, int4_gemm_fused, pack_int4_weight, quantize_int4
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
 from nv_layers.weights import WeightLike, check_shape, copy_checked, read_full, read_shard, set_weight_loader
@@ -63,6 +63,14 @@ class LinearBase(nn.Module):
         if skinny_gemm_applies(x, self.weight, bias):
             return skinny_gemm(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
+
+    def int4_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """For a [gate; up] layer (a SwiGLU MLP's gate_up) with INT4 weights where the INT4 kernel runs:
+        silu(gate) * up [..., out_local / 2] from one launch (SiLU-and-mul in its epilogue); else None."""
+        scales, zeros = self.weight_scales, self.weight_zeros
+        if scales is None or zeros is None or not int4_gemm_fused(x, self.weight):
+            return None
+        return int4_gemm(x, self.weight, scales, zeros, self.bias, gated=True)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         raise NotImplementedError
