@@ -1,6 +1,7 @@
 """The INT4 GEMM on a CUDA GPU at Qwen3-8B projection shapes (pytest -m gpu): the Triton kernel equals the
 dequantize-then-matmul reference for decode (1, 16 rows: split K) and prefill-size (256 rows) batches, bf16 and
-fp16, also with SiLU-and-mul fused (gate_up); a CUDA-graph replay of a split-K launch gives the eager result (the counters are reused, never refilled)."""
+fp16, also with SiLU-and-mul fused (gate_up); a CUDA-graph replay of a split-K launch gives the eager result (the
+counters are reused, never refilled)."""
 from __future__ import annotations
 
 import pytest
