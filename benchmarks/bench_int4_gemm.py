@@ -6,8 +6,8 @@ torch's bf16 F.linear (the bf16 layers' path at 256 rows; at 1 and 16 rows they 
 and each INT4 launch. gate_up runs as the layers run it: with SiLU-and-mul fused into the INT4 kernel and the skinny
 GEMM (F.linear alone stands for bf16 at 256 rows). Each timing is a CUDA graph of calls that rotate through enough
 copies of the weights that every call reads its weight from HBM, not from L2; microseconds per call are the median
-over replays. Prints per shape: bf16 us, the heuristic's INT4 us, the best INT4 us and its launch, the INT4 weight bytes' GB/s, and the
-ratio to bf16; --json writes them.
+over replays. Prints per shape: bf16 us, the heuristic's INT4 us, the best INT4 us and its launch, the INT4 weight
+bytes' GB/s, and the ratio to bf16; --json writes them.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/bench_int4_gemm.py [--m 1,16,256]
         [--json out.json]
