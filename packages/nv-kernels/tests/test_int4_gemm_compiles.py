@@ -56,7 +56,7 @@ def _compile_all() -> None:
                 scales.stride(0), y.stride(0), partials.stride(0))
         options = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot, SPLIT_K=cfg.split_k,
                        GATED=gated, HAS_BIAS=bias, DOT_IN_FP32=False, NUM_STAGES=cfg.num_stages,
-                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                       num_warps=cfg.num_warps, num_stages=cfg.num_stages, USE_PDL=m == 1)   # as on Hopper
         compiled = compile_for_gpu(int4_gemm_kernel, args, options)
         if compiled.metadata.shared > SM90_SHARED_MEMORY:
             raise SystemExit(f"m={m}: {compiled.metadata.shared} bytes of shared memory, more than sm_90 allows")

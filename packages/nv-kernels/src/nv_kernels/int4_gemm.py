@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nv_kernels import envs
+from nv_kernels.dependent_launch import launch_options
 from nv_kernels.fused_dispatch import fused_ops_enabled
 from nv_kernels.sm_count import cuda_sm_count
 from nv_kernels.split_k_workspace import SplitKWorkspace
@@ -185,7 +186,8 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
                  groups_per_split, flat.stride(0), qweight.stride(0), scales.stride(0), y.stride(0),
                  partials.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
                  SPLIT_K=split_k, GATED=gated, HAS_BIAS=bias is not None, DOT_IN_FP32=envs.triton_interpret(),
-                 NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                 NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                 **launch_options(x.device, m))
     return y.view(*x.shape[:-1], n)
 
 

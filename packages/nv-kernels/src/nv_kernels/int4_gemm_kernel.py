@@ -26,6 +26,8 @@ Variants (constexpr):
   HAS_BIAS  y += bias before the rounding to the output dtype.
   DOT_IN_FP32  Triton's interpreter computes tl.dot of bf16 tiles wrongly (numpy has no bf16): there both tiles
             are fp32.
+  USE_PDL   programmatic dependent launch at one row (nv_kernels.dependent_launch): the grid starts while the
+            previous kernel finishes and waits for it before anything else.
 A code becomes a float without an int-to-float conversion (a slow instruction on the GPU): OR-ing it into the
 mantissa of 2^23 (0x4B000000) gives the float 2^23 + code, and subtracting 2^23 + zero leaves code - zero exactly
 (the magic-number trick of FasterTransformer's INT4 dequantizers).
@@ -34,6 +36,8 @@ mantissa of 2^23 (0x4B000000) gives the float 2^23 + code, and subtracting 2^23 
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
 # pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
 # pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
+# pyright: reportAttributeAccessIssue=false
+# (that last one: tl.extra.cuda, which triton exposes at run time only)
 from __future__ import annotations
 
 from nv_kernels.fused_dispatch import triton_jit
@@ -108,12 +112,17 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
                      stride_xm, stride_qn, stride_sg, stride_om, stride_ps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SPLIT_K: tl.constexpr,
                      GATED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-                     NUM_STAGES: tl.constexpr):
+                     NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr = False):
     # X [M, K], OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)).
     # GATED: the weight has 2 N rows, [gate; up], and OUT = silu(gate) * up; the up rows of these columns sit N rows
     # further down (their scales and zeros N columns further right).
     # SPLIT_K > 1 (one M block only): PART fp32 [SPLIT_K, M, N (2 N when GATED)] (stride_ps between splits),
     # COUNTERS int32 [cdiv(N, BLOCK_N)], all 0 on entry.
+    # USE_PDL (nv_kernels.dependent_launch, one-row launches): launched while the previous kernel runs, every program
+    # waits for it before its first read or write, and lets the next kernel launch.
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
