@@ -133,10 +133,13 @@ def test_launch_choices() -> None:
     one_row = choose_config(1, 4096, 4096, 132)
     assert not one_row.use_dot and one_row.block_m == 1 and one_row.split_k > 1
     assert choose_config(16, 4096, 4096, 132).use_dot
-    assert choose_config(256, 12288, 4096, 132).split_k == 1
+    assert choose_config(48, 4096, 4096, 132).split_k > 1                 # one row block: split to fill the GPU
+    assert choose_config(256, 12288, 4096, 132)[:2] == (128, 128)
+    assert choose_config(256, 4096, 4096, 132)[:2] == (128, 64)           # 2 x 32 tiles of 128 would leave SMs idle
+    assert choose_config(256, 4096, 4096, 132).split_k == 1
     wide = choose_config(1, 24576, 4096, 132)
     assert wide.split_k <= 2                                         # enough column blocks already
-    for m, n, k in [(1, 4096, 12288), (7, 6144, 4096), (16, 1024, 256)]:
+    for m, n, k in [(1, 4096, 12288), (7, 6144, 4096), (16, 1024, 256), (64, 4096, 4096)]:
         cfg = choose_config(m, n, k, 132)
         groups = k // 128
         assert 1 <= cfg.split_k <= groups and -(-groups // -(-groups // cfg.split_k)) == cfg.split_k

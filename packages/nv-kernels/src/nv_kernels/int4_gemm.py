@@ -32,7 +32,7 @@ GROUP = 128                    # inputs per scale and zero point
 MAX_CODE = 15
 _SHIFTS = torch.arange(0, 32, 4)   # bit offset of code i in its word
 WORKSPACE = SplitKWorkspace()  # split-K partial sums and arrival counters, per device
-SPLIT_K_MAX_M = 16             # rows of a launch that may split K (decode batches)
+SPLIT_K_MAX_M = 64             # rows of a launch that may split K (decode batches: one block of rows)
 _empty = torch.empty           # tests poison outputs through this hook
 
 
@@ -48,25 +48,24 @@ class Int4GemmConfig(NamedTuple):
 
 
 def choose_config(m: int, n: int, k: int, sm_count: int | None) -> Int4GemmConfig:
-    """The launch for an [m, k] x [k, n] product. One row: the GEMV on 64-column blocks (two rows per thread, so
-    each x element converted serves two); up to 16 rows: tensor cores on 16 x 64 tiles; both split K until there
-    are about four programs per SM (sm_count None: 132, an H100), at least two groups per split. More rows: larger
-    tiles, no split (the row blocks give the parallelism). A first guess, not a measured table:
-    benchmarks/bench_int4_gemm.py times the alternatives on a GPU."""
+    """The launch for an [m, k] x [k, n] product (sm_count None: 132, an H100). One row: the GEMV on 64-column blocks
+    (two rows per thread, so each x element converted serves two). More: tensor-core tiles of 16, 64 or 128 rows
+    (the bucket of m) by 64 columns, 128 above 64 rows unless that leaves fewer programs than SMs. Up to 64 rows (one
+    row block) K is split until there are about four programs per SM, with at least two groups per split. A first
+    guess, not a measured table: benchmarks/bench_int4_gemm.py times the alternatives on a GPU."""
     groups = k // GROUP
+    sms = sm_count or 132
     if m == 1:
-        block_m, block_n, use_dot, warps, stages = 1, 64, False, 4, 4
-    elif m <= SPLIT_K_MAX_M:
-        block_m, block_n, use_dot, warps, stages = 16, 64, True, 4, 3
-    elif m <= 64:
-        block_m, block_n, use_dot, warps, stages = 64, 64, True, 4, 3
+        block_m, block_n, use_dot, stages = 1, 64, False, 4
     else:
-        block_m, block_n, use_dot, warps, stages = 128, 128, True, 8, 3
+        block_m = 16 if m <= 16 else 64 if m <= SPLIT_K_MAX_M else 128
+        block_n = 128 if block_m == 128 and math.ceil(m / 128) * math.ceil(n / 128) >= sms else 64
+        use_dot, stages = True, 3
+    warps = 8 if block_m * block_n >= 128 * 128 else 4
     split_k = 1
     if m <= SPLIT_K_MAX_M:
         programs = math.ceil(n / block_n)
-        wanted = math.ceil(4 * (sm_count or 132) / programs)
-        split_k = max(1, min(wanted, groups // 2))
+        split_k = max(1, min(math.ceil(4 * sms / programs), groups // 2))
         split_k = math.ceil(groups / math.ceil(groups / split_k))      # no empty splits
     return Int4GemmConfig(block_m, block_n, use_dot, split_k, warps, stages)
 
