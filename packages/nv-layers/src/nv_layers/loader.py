@@ -205,6 +205,8 @@ def load_safetensors(model: nn.Module, path: str | Path, int4: Int4CheckpointFor
                 _check_dropped(name, f.get_tensor(name))
         for layer in int4_layers:
             layer.pack_int4()
+    if int4_layers and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()   # the canonical codes' memory back to the device, for the KV cache to size into
 
 
 def _check_dropped(name: str, tensor: torch.Tensor) -> None:
