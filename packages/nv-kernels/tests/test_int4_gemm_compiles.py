@@ -52,9 +52,9 @@ def _compile_all() -> None:
         cfg = choose_config(m, n_out, k, 132)
         x, y = torch.zeros(m, k, dtype=dtype), torch.empty(m, n_out, dtype=dtype)
         partials, counters = torch.empty(cfg.split_k, m, n), torch.zeros(n // cfg.block_n, dtype=torch.int32)
-        args = (x, qweight, scales, zeros, y, y, partials, counters, m, n_out, k, 8, x.stride(0), qweight.stride(0),
-                scales.stride(0), y.stride(0), partials.stride(0))
-        options = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot, SPLIT_K=cfg.split_k,
+        args = (x, qweight, scales, zeros, y, y, partials, counters, m, n_out, k, 8, cfg.split_k, x.stride(0),
+                qweight.stride(0), scales.stride(0), y.stride(0), partials.stride(0))
+        options = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot, SPLIT=cfg.split_k > 1,
                        GATED=gated, HAS_BIAS=bias, DOT_IN_FP32=False, NUM_STAGES=cfg.num_stages,
                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, USE_PDL=m == 1)   # as on Hopper
         compiled = compile_for_gpu(int4_gemm_kernel, args, options)

@@ -182,9 +182,9 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
     kernel: Any = int4_gemm_kernel          # launch options (num_warps) are not in the JIT function's type
     grid = (column_blocks, split_k, math.ceil(m / cfg.block_m))
     kernel[grid](flat, qweight, scales, zeros, bias if bias is not None else y, y, partials, counters, m, n, k,
-                 groups_per_split, flat.stride(0), qweight.stride(0), scales.stride(0), y.stride(0),
+                 groups_per_split, split_k, flat.stride(0), qweight.stride(0), scales.stride(0), y.stride(0),
                  partials.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
-                 SPLIT_K=split_k, GATED=gated, HAS_BIAS=bias is not None, DOT_IN_FP32=envs.triton_interpret(),
+                 SPLIT=split_k > 1, GATED=gated, HAS_BIAS=bias is not None, DOT_IN_FP32=envs.triton_interpret(),
                  NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                  **launch_options(x.device, m))
     return y.view(*x.shape[:-1], n)

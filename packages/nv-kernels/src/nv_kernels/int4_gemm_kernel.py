@@ -16,7 +16,8 @@ Variants (constexpr):
   USE_DOT   x [BLOCK_M, 16] slices times (code - zero) [BLOCK_N, 16] on the tensor cores, eight per group (x's
             dtype, exact operands, fp32 sums); else (one row, M == 1) the GEMV on the CUDA cores: products in fp32
             per [BLOCK_N, 16] lane, reduced once after the K loop.
-  SPLIT_K   the K groups cut over SPLIT_K programs per column block (decode shapes with few column blocks):
+  SPLIT     the K groups cut over SPLIT_K programs per column block (decode shapes with few column blocks; SPLIT_K
+            is a run-time argument, so the split counts of different shapes share one compiled variant):
             each writes fp32 partial sums to a workspace and bumps the block's arrival counter; the last to
             arrive adds the partials up in split order and writes the output (the scheme of nv_kernels.skinny_gemm:
             counters back to 0 after every call, so no fill per call and CUDA-graph safe).
@@ -107,16 +108,16 @@ def _finish(acc, up, BIAS, OUT, rn, n_mask, N, GATED: tl.constexpr, HAS_BIAS: tl
     return y
 
 
-@triton_jit(do_not_specialize=["M"])   # the batch size varies; BLOCK_M is its compile-time bucket
-def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, GROUPS_PER_SPLIT,
+@triton_jit(do_not_specialize=["M", "GROUPS_PER_SPLIT", "SPLIT_K"])   # vary per call: one variant for all
+def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, GROUPS_PER_SPLIT, SPLIT_K,
                      stride_xm, stride_qn, stride_sg, stride_om, stride_ps,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SPLIT_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SPLIT: tl.constexpr,
                      GATED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
                      NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr = False):
     # X [M, K], OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)).
     # GATED: the weight has 2 N rows, [gate; up], and OUT = silu(gate) * up; the up rows of these columns sit N rows
     # further down (their scales and zeros N columns further right).
-    # SPLIT_K > 1 (one M block only): PART fp32 [SPLIT_K, M, N (2 N when GATED)] (stride_ps between splits),
+    # SPLIT (SPLIT_K > 1, one M block only): PART fp32 [SPLIT_K, M, N (2 N when GATED)] (stride_ps between splits),
     # COUNTERS int32 [cdiv(N, BLOCK_N)], all 0 on entry.
     # USE_PDL (nv_kernels.dependent_launch, one-row launches): launched while the previous kernel runs, every program
     # waits for it before its first read or write, and lets the next kernel launch.
@@ -153,7 +154,7 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
         up = tl.sum(up, axis=1)[None, :]
     mask = m_mask[:, None] & n_mask[None, :]                                      # [BLOCK_M, BLOCK_N]
     out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
-    if SPLIT_K == 1:
+    if not SPLIT:
         tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn, n_mask, N, GATED, HAS_BIAS), mask=mask)
     else:
         part_cols = N * 2 if GATED else N
