@@ -31,7 +31,10 @@ Variants (constexpr):
             previous kernel finishes and waits for it before anything else.
 A code becomes a float without an int-to-float conversion (a slow instruction on the GPU): OR-ing it into the
 mantissa of 2^23 (0x4B000000) gives the float 2^23 + code, and subtracting 2^23 + zero leaves code - zero exactly
-(the magic-number trick of FasterTransformer's INT4 dequantizers).
+(the magic-number trick of FasterTransformer's INT4 dequantizers). The nibble need not be shifted down first: in
+place at bits 4 E (E <= 4, below the exponent) it gives 2^23 + code * 16^E, and one fma with 16^-E and
+-(2^23 * 16^-E + zero) leaves code - zero, exactly again; nibbles 5..7 are masked in place in the word shifted
+by 12. So a code costs one logic op (mask and OR) and one fma: decode is bound by the integer pipe otherwise.
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -53,11 +56,16 @@ WORDS = GROUP // 8        # int32 words per row per group
 
 
 @triton_jit
-def _codes_minus_zero(words, shift, zero_biased):
-    """words [BLOCK_N, 16] -> code - zero in fp32 (exact) of the nibbles at bit `shift`; zero_biased [BLOCK_N] is
-    2^23 + zero."""
-    biased = (((words >> shift) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + code
-    return biased - zero_biased[:, None]
+def _codes_minus_zero(words, words_hi, zero, SLAB: tl.constexpr):
+    """The nibbles at bits 4 SLAB of words [BLOCK_N, 16] -> code - zero in fp32, exactly; zero [BLOCK_N] fp32,
+    words_hi = words >> 12. Nibbles 0..4 are masked in place (bits 4 E, E = SLAB), nibbles 5..7 in words_hi
+    (E = SLAB - 3), so no nibble needs a shift of its own: the float 2^23 + code * 16^E times 16^-E, minus
+    2^23 * 16^-E + zero, in one fma (the product is exact, so is the sum)."""
+    E: tl.constexpr = SLAB if SLAB <= 4 else SLAB - 3
+    src = words if SLAB <= 4 else words_hi
+    biased = ((src & (0xF << (4 * E))) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + code * 16^E
+    inv: tl.constexpr = 1.0 / (1 << (4 * E))
+    return tl.fma(biased, inv, -(8388608.0 * inv) - zero[:, None])
 
 
 @triton_jit
@@ -67,11 +75,12 @@ def _group_sums(QW, SCALES, ZEROS, w_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride
     w_ptrs [BLOCK_N, 16] point at the columns' group-0 words, x_ptrs at x's first 16 inputs ([BLOCK_M, 16] / [16])."""
     words = tl.load(w_ptrs + g * 16, mask=n_mask[:, None], other=0)                  # [BLOCK_N, 16] int32
     scale = tl.load(SCALES + g * stride_sg + rn, mask=n_mask, other=0.0).to(tl.float32)            # [BLOCK_N]
-    zero_biased = tl.load(ZEROS + g * stride_sg + rn, mask=n_mask, other=0).to(tl.float32) + 8388608.0
+    zero = tl.load(ZEROS + g * stride_sg + rn, mask=n_mask, other=0).to(tl.float32)                 # [BLOCK_N]
+    words_hi = words >> 12
     if USE_DOT:
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]  (inputs 128 g + 16 i ..)
-            w = _codes_minus_zero(words, 4 * i, zero_biased)                         # [BLOCK_N, 16]
+            w = _codes_minus_zero(words, words_hi, zero, i)                          # [BLOCK_N, 16]
             x = tl.load(x_ptrs + g * 128 + 16 * i, mask=m_mask[:, None], other=0.0)   # [BLOCK_M, 16]
             if DOT_IN_FP32:
                 part = tl.dot(x.to(tl.float32), tl.trans(w), part)
@@ -81,7 +90,7 @@ def _group_sums(QW, SCALES, ZEROS, w_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride
     else:
         part = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
         for i in tl.static_range(8):  # pyright: ignore[reportGeneralTypeIssues]
-            w = _codes_minus_zero(words, 4 * i, zero_biased)                         # [BLOCK_N, 16]
+            w = _codes_minus_zero(words, words_hi, zero, i)                          # [BLOCK_N, 16]
             x = tl.load(x_ptrs + g * 128 + 16 * i).to(tl.float32)                     # [16]
             part += w * x[None, :]
         sums = part * scale[:, None]
