@@ -61,10 +61,10 @@ def _codes_minus_zero(words, words_hi, zero, SLAB: tl.constexpr):
     words_hi = words >> 12. Nibbles 0..4 are masked in place (bits 4 E, E = SLAB), nibbles 5..7 in words_hi
     (E = SLAB - 3), so no nibble needs a shift of its own: the float 2^23 + code * 16^E times 16^-E, minus
     2^23 * 16^-E + zero, in one fma (the product is exact, so is the sum)."""
-    E: tl.constexpr = SLAB if SLAB <= 4 else SLAB - 3
+    E = SLAB if SLAB <= 4 else SLAB - 3
     src = words if SLAB <= 4 else words_hi
     biased = ((src & (0xF << (4 * E))) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + code * 16^E
-    inv: tl.constexpr = 1.0 / (1 << (4 * E))
+    inv = 1.0 / (1 << (4 * E))
     return tl.fma(biased, inv, -(8388608.0 * inv) - zero[:, None])
 
 
