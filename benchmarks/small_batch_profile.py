@@ -2,11 +2,11 @@
 profile of one batch-1 decode step (kernels per step, time per kernel class). Run on a CUDA GPU.
 
     python3 benchmarks/small_batch_profile.py [SHAPE] [--out DIR] [--no-profile] [--batches 16,64] [--host-profile]
-        [--quantization fp8]
+        [--quantization fp8|awq]
 
-SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cached). --quantization fp8: the same
-checkpoint with its linear layers quantized to block-wise FP8 when loaded (the floors stay those of bf16 weights,
-so a quantized run can show a share above 1).
+SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cached). --quantization fp8 / awq: the
+same checkpoint with its linear layers quantized when loaded, to block-wise FP8 or to INT4 in groups of 128 (round
+to nearest, AWQ's layout) (the floors stay those of bf16 weights, so a quantized run can show a share above 1).
 - batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs, twice; ms per token is the mean step time
   of the first round ("value"), and each round also gives its median and longest step; then 50 steps under
   torch.profiler give the device's busy time per step against the period (a host-bound step shows idle time);
@@ -177,7 +177,7 @@ def main() -> None:
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--batches", default="16,64")
     p.add_argument("--host-profile", action="store_true", help="also 10 batch-1 steps under cProfile")
-    p.add_argument("--quantization", choices=["fp8"], help="quantize the linear layers when loading")
+    p.add_argument("--quantization", choices=["fp8", "awq"], help="quantize the linear layers when loading")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -64,12 +64,14 @@ def test_quantization_settings_that_nv_cannot_honour(tiny_qwen3_dir: Path, fp8_d
                                                      tmp_path: Path) -> None:
     from nv_engine import EngineArgs
 
-    with pytest.raises(ValueError, match="quantization='awq' is not supported"):
-        EngineArgs(model=str(fp8_dir), quantization="awq")
+    with pytest.raises(ValueError, match="quantization='int8' is not supported"):
+        EngineArgs(model=str(fp8_dir), quantization="int8")
+    with pytest.raises(ValueError, match="quantization='awq' does not match the checkpoint, which is 'fp8'"):
+        EngineArgs(model=str(fp8_dir), quantization="awq").create_engine_config()
     assert EngineArgs(model=str(fp8_dir)).create_engine_config().quantization == "fp8"
     assert EngineArgs(model=str(tiny_qwen3_dir)).create_engine_config().quantization is None
-    other = write_fp8_block_checkpoint(tiny_qwen3_dir, tmp_path / "gptq", {"quant_method": "gptq", "bits": 4})
-    with pytest.raises(ValueError, match="quant_method='gptq'.*block-wise FP8"):
+    other = write_fp8_block_checkpoint(tiny_qwen3_dir, tmp_path / "bnb", {"quant_method": "bitsandbytes"})
+    with pytest.raises(ValueError, match="quant_method='bitsandbytes'.*block-wise FP8"):
         EngineArgs(model=str(other)).create_engine_config()
     blocks = write_fp8_block_checkpoint(tiny_qwen3_dir, tmp_path / "blocks64",
                                         {"quant_method": "fp8", "weight_block_size": [64, 64]})

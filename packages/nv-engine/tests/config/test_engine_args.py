@@ -92,6 +92,7 @@ def test_llm_rejects_an_unknown_keyword_listing_the_accepted_ones(tiny_model_dir
 # vLLM keyword -> a value nv accepts with vLLM's meaning
 ACCEPTED = [("trust_remote_code", False), ("revision", "main"), ("download_dir", "/tmp/x"),
             ("hf_token", "hf_x"), ("tokenizer_revision", "main"), ("quantization", None), ("quantization", "fp8"),
+            ("quantization", "awq"), ("quantization", "gptq"),
             ("kv_cache_dtype", "auto"), ("kv_cache_dtype", "fp8"), ("kv_cache_dtype", "fp8_e5m2"),
             ("calculate_kv_scales", True), ("enable_chunked_prefill", True), ("swap_space", 0),
             ("cpu_offload_gb", 0), ("speculative_config", None), ("enable_lora", False),
@@ -102,7 +103,8 @@ ACCEPTED = [("trust_remote_code", False), ("revision", "main"), ("download_dir",
             ("max_seq_len_to_capture", 4096), ("enforce_eager", True), ("seed", 7),
             ("tokenizer_mode", "auto"), ("disable_custom_all_reduce", True)]
 # vLLM keyword -> a value nv refuses (ValueError naming the keyword)
-REFUSED = [("trust_remote_code", True), ("quantization", "awq"), ("kv_cache_dtype", "fp8_e4m3fn"),
+REFUSED = [("trust_remote_code", True), ("quantization", "bitsandbytes"), ("quantization", "gptq"),
+           ("kv_cache_dtype", "fp8_e4m3fn"),
            ("kv_cache_dtype", "int3"), ("cpu_offload_gb", 4),
            ("speculative_config", {"method": "eagle"}), ("enable_lora", True),
            ("generation_config", "/no/such/folder"), ("max_logprobs", 10_000),

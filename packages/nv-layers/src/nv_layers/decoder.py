@@ -128,7 +128,8 @@ class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up in one column-parallel GEMM.
 
     At decode batch sizes (nv_kernels.skinny_gemm applies) SiLU-and-mul runs in that GEMM's epilogue:
-    this rank's weight is [gate_local; up_local], the stacked layout the gated kernel reads."""
+    this rank's weight is [gate_local; up_local], the stacked layout the gated kernel reads. INT4 weights do the
+    same at every batch size where the INT4 kernel runs (nv_kernels.int4_gemm)."""
 
     def __init__(self, dims: DecoderDims, bias: bool = False) -> None:
         super().__init__()
@@ -141,6 +142,9 @@ class GatedMLP(nn.Module):
         gate_up = self.gate_up_proj
         if skinny_gemm_applies(x, gate_up.weight, gate_up.bias):
             return self.down_proj(skinny_gemm(x, gate_up.weight, gate_up.bias, gated=True))   # [T, I_local] in
+        act = gate_up.int4_silu_and_mul(x)                                 # INT4 weights: the same in one kernel
+        if act is not None:
+            return self.down_proj(act)
         return self.down_proj(self.act_fn(gate_up(x)))
 
 

@@ -11,6 +11,14 @@ float8_e4m3fn [out_local, in_local] with weight_scale_inv float32 [ceil(out_loca
 blocks cut from this rank's shard, and the GEMM becomes W8A8 (the Triton kernel on CUDA, dequantize + matmul in
 torch on CPU). Checkpoints that are FP8 already are dequantized as they load (nv_layers.loader), so every
 tensor-parallel split above works on plain tensors and the scales are always those of the local shard.
+
+INT4 weights (W4A16, groups of 128 inputs: AWQ / GPTQ checkpoints, nv_kernels.int4_gemm): `expect_int4_checkpoint()`
+replaces the weight by the canonical INT4 tensors of the local shard, as parameters named like the checkpoint's
+(`qweight` codes uint8 [out_local, in_local], `scales` float32 and `qzeros` uint8 [out_local, in_local / 128]) that
+the same weight loaders fill (nv_layers.loader converts each checkpoint tensor to that layout first); `pack_int4()`
+then packs them into the kernel's layout: weight int32 [out_local, in_local / 8] with `weight_scales` and
+`weight_zeros` [in_local / 128, out_local]. `quantize_int4()` does the same from a loaded float weight (round to
+nearest). A row-parallel shard must hold whole groups (in_local a multiple of 128).
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nv_kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_block
+from nv_kernels.int4_gemm import GROUP, int4_gemm, int4_gemm_fused, pack_int4_weight, quantize_int4
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
 from nv_layers.weights import WeightLike, check_shape, copy_checked, read_full, read_shard, set_weight_loader
@@ -28,6 +37,8 @@ class LinearBase(nn.Module):
     """Holds weight [out_local, in_local] and optional bias [out_local]; y = x W^T + b."""
 
     weight_scale_inv: torch.Tensor | None = None   # block-FP8 scales once quantize_fp8_block ran, else None
+    weight_scales: torch.Tensor | None = None      # INT4 scales [in_local / 128, out_local] once packed, else None
+    weight_zeros: torch.Tensor | None = None       # INT4 zero points uint8, the same shape
 
     def __init__(self, in_local: int, out_local: int, bias: bool) -> None:
         super().__init__()
@@ -47,9 +58,19 @@ class LinearBase(nn.Module):
         """x [..., in_local] @ weight^T (+ bias) -> [..., out_local], on this rank only."""
         if self.weight_scale_inv is not None:
             return fp8_block_gemm(x, self.weight, self.weight_scale_inv, bias)
+        if self.weight_zeros is not None and self.weight_scales is not None:
+            return int4_gemm(x, self.weight, self.weight_scales, self.weight_zeros, bias)
         if skinny_gemm_applies(x, self.weight, bias):
             return skinny_gemm(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
+
+    def int4_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """For a [gate; up] layer (a SwiGLU MLP's gate_up) with INT4 weights where the INT4 kernel runs:
+        silu(gate) * up [..., out_local / 2] from one launch (SiLU-and-mul in its epilogue); else None."""
+        scales, zeros = self.weight_scales, self.weight_zeros
+        if scales is None or zeros is None or not int4_gemm_fused(x, self.weight):
+            return None
+        return int4_gemm(x, self.weight, scales, zeros, self.bias, gated=True)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: WeightLike, shard_id=None) -> None:
         raise NotImplementedError
@@ -61,6 +82,48 @@ class LinearBase(nn.Module):
         # a plain attribute, not a buffer: the class default keeps the unquantized path's lookup a fast one; the
         # model is already on its device here, and the scales are made on the weight's
         self.weight_scale_inv = scale_inv
+
+    def expect_int4_checkpoint(self) -> None:
+        """Before an INT4 checkpoint loads: the weight parameter gives way to `qweight`, `scales` and `qzeros` in
+        the canonical layout of this rank's shard, each with this layer's weight_loader."""
+        out_local, in_local = self.weight.shape
+        self._check_int4_groups()
+        device = self.weight.device
+        del self.weight
+        for name, shape, dtype in (("qweight", (out_local, in_local), torch.uint8),
+                                   ("scales", (out_local, in_local // GROUP), torch.float32),
+                                   ("qzeros", (out_local, in_local // GROUP), torch.uint8)):
+            param = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+            set_weight_loader(param, self.weight_loader)
+            self.register_parameter(name, param)
+
+    def pack_int4(self) -> None:
+        """After the INT4 checkpoint loaded: the canonical tensors packed into the kernel's layout. Scales stay
+        float16 when that holds them exactly (as AWQ / GPTQ store them), else float32."""
+        codes, scales, zeros = self.get_parameter("qweight"), self.get_parameter("scales"), self.get_parameter("qzeros")
+        for name in ("qweight", "scales", "qzeros"):
+            delattr(self, name)
+        narrow = scales.data.half()
+        self._set_int4(codes.data, narrow if torch.equal(narrow.float(), scales.data) else scales.data, zeros.data)
+
+    def quantize_int4(self) -> None:
+        """Replace the loaded float weight by INT4 codes (round to nearest, groups of 128 inputs of the local shard,
+        float16 scales)."""
+        self._check_int4_groups()
+        self._set_int4(*quantize_int4(self.weight.data))
+
+    def _check_int4_groups(self) -> None:
+        in_local = self.weight.shape[1]
+        if in_local % GROUP:
+            raise ValueError(f"{type(self).__name__}: INT4 weights need whole groups of {GROUP} inputs per rank; "
+                             f"this rank holds {in_local} inputs (a tensor-parallel size that leaves whole groups, "
+                             "or a model whose widths are multiples of 128)")
+
+    def _set_int4(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+        qweight, scales_t, zeros_t = pack_int4_weight(codes, scales, zeros)
+        self.weight = nn.Parameter(qweight, requires_grad=False)
+        # plain attributes, as weight_scale_inv: made on the weight's device, after the model was placed
+        self.weight_scales, self.weight_zeros = scales_t, zeros_t
 
 
 class ReplicatedLinear(LinearBase):

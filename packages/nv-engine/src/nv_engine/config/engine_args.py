@@ -65,7 +65,9 @@ class EngineArgs:
     dtype: str | torch.dtype = _arg("auto", "auto (the checkpoint's dtype on GPU, float32 on CPU), float32, "
                                     "bfloat16 or float16")
     quantization: str | None = _arg(None, "weight quantization: 'fp8' (block-wise 128x128 FP8 weights, "
-                                    "W8A8; on an unquantized checkpoint: quantized when loaded) or None (as the "
+                                    "W8A8; on an unquantized checkpoint: quantized when loaded), 'awq' / 'gptq' "
+                                    "(INT4 weights in groups of 128, W4A16, from an AWQ / GPTQ checkpoint; 'awq' on "
+                                    "an unquantized checkpoint: round to nearest when loaded) or None (as the "
                                     "checkpoint is; a .gguf model is dequantized when loaded)",
                                     choices=list(QUANTIZATION_CHOICES))
     max_model_len: int | None = _arg(None, "longest prompt + output in tokens (default: the model's "
@@ -164,8 +166,8 @@ class EngineArgs:
             "tokenizer_mode": (self.tokenizer_mode != "auto",
                                "nv loads tokenizers with transformers' AutoTokenizer; use 'auto'"),
             "quantization": (self.quantization not in (None, *QUANTIZATION_CHOICES),
-                             f"nv runs {', '.join(QUANTIZATION_CHOICES)} (block-wise FP8 weights) or None (as "
-                             "the checkpoint is)"),
+                             f"nv runs {', '.join(QUANTIZATION_CHOICES)} (block-wise FP8 weights; INT4 AWQ / GPTQ "
+                             "weights) or None (as the checkpoint is)"),
             "pipeline_parallel_size": (self.pipeline_parallel_size != 1,
                                        "nv has no pipeline parallelism; use tensor_parallel_size"),
             "distributed_executor_backend": (self.distributed_executor_backend not in (None, "mp"),
