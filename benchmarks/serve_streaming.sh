@@ -5,7 +5,9 @@
 #   bash benchmarks/serve_streaming.sh [OLD_COMMIT|OLD_TREE_DIR ...]
 # Each older tree is served and measured first, then this tree, on the same GPU with the same client.
 # CLIENT=vllm measures with vLLM's own client (`vllm bench serve`; vLLM must be importable), otherwise with
-# `nv bench serve`. SERVE_ARGS adds `nv serve` arguments (e.g. "--max-num-batched-tokens 4096").
+# `nv bench serve`. SERVE_ARGS adds `nv serve` arguments to every tree (e.g. "--max-num-batched-tokens 4096");
+# THIS_VARIANTS measures this tree once more per ';'-separated set of arguments, after its default run (e.g.
+# THIS_VARIANTS="--stream-interval 2;--stream-interval 4": tags this-v1, this-v2).
 # The server runs at NV_LOGGING_LEVEL=DEBUG, so serve_<tree>.log holds the per-stage timeline every 10 s:
 # the engine core loop (step, device wait, outputs, inputs, idle), the frontend's receiver thread (decode,
 # handle, deliver) and the event loop's wake-up lag.
@@ -48,10 +50,10 @@ print(f"{tree} c={c} {run}: {g('output_throughput'):,.0f} out tok/s; TTFT p50/p9
       f"{g('mean_itl_ms'):.1f}/{g('median_itl_ms') or g('p50_itl_ms'):.1f}/{g('p99_itl_ms'):.1f} ms")
 PY
 }
-measure() {   # tag tree-root
+measure() {   # tag tree-root [extra nv serve arguments]
   local log="$RESULTS/serve_$1.log"
   PYTHONPATH="$(ls -d "$2"/packages/*/src | tr '\n' ':')${PYTHONPATH:-}" NV_LOGGING_LEVEL=DEBUG \
-    "$PYTHON" -m nv_engine.entrypoints.cli serve "$MODEL" --port 8000 --max-model-len 4096 ${SERVE_ARGS:-} \
+    "$PYTHON" -m nv_engine.entrypoints.cli serve "$MODEL" --port 8000 --max-model-len 4096 ${SERVE_ARGS:-} ${3:-} \
     > "$log" 2>&1 &
   local pid=$! start=$SECONDS
   until curl -sf http://127.0.0.1:8000/health >/dev/null; do
@@ -82,3 +84,8 @@ for old in "$@"; do
   fi
 done
 measure this "$ROOT"
+IFS=';' read -ra variants <<< "${THIS_VARIANTS:-}"
+for i in "${!variants[@]}"; do
+  echo "this-v$((i + 1)): ${variants[$i]}" | tee -a "$RESULTS/serve_streaming.log"
+  measure "this-v$((i + 1))" "$ROOT" "${variants[$i]}"
+done
