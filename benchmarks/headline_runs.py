@@ -5,11 +5,13 @@ engine starts (no warm-up: what a user's first batch sees), run 2 the second. Pr
 
 KV_CACHE_DTYPE: "auto" (default) or "fp8" / "fp8_e5m2" (the FP8 KV cache).
 
-Run it with every package's src dir on PYTHONPATH (scripts/dev/compare_trees.sh does, for two trees). It falls
-back to the module paths of trees from before nv_engine's regrouping (nv_engine.entrypoints.bench,
+The result lists the Triton kernel variants compiled inside each timed run (`run1_triton_compiles`): JIT time that
+the engine's start-up warm-up did not cover. Run it with every package's src dir on PYTHONPATH
+(scripts/dev/compare_trees.sh does, for two trees). It falls back to the module paths of trees from before nv_engine's regrouping (nv_engine.entrypoints.bench,
 nv_engine.checkpoints), so an older commit can be measured with this same script."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -24,6 +26,15 @@ except ImportError:   # trees before nv_engine's regrouping
     from nv_engine.checkpoints.random_model import nv_cache_dir, write_random_checkpoint  # type: ignore[no-redef]
     from nv_engine.entrypoints.bench import make_workload  # type: ignore[no-redef]
 from nv_engine import LLM, SamplingParams
+
+
+def compile_watch():
+    """nv_kernels' TritonCompileWatch, or a stand-in yielding None for trees that lack it."""
+    try:
+        from nv_kernels.jit_watch import TritonCompileWatch
+    except ImportError:
+        return contextlib.nullcontext()
+    return TritonCompileWatch()
 
 
 def main() -> None:
@@ -45,9 +56,12 @@ def main() -> None:
     for run in (1, 2):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
-        wall = time.perf_counter() - start
+        with compile_watch() as jit:   # Triton variants compiled inside the timed run (cold's JIT cost)
+            start = time.perf_counter()
+            outputs = llm.generate([{"prompt_token_ids": p} for p in work.prompts], params, use_tqdm=False)
+            wall = time.perf_counter() - start
+        if jit is not None:
+            result[f"run{run}_triton_compiles"] = jit.variants
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         result[f"run{run}_output_tok_s"] = tokens / wall
         result[f"run{run}_wall_s"] = wall
