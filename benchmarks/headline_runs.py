@@ -7,8 +7,9 @@ KV_CACHE_DTYPE: "auto" (default) or "fp8" / "fp8_e5m2" (the FP8 KV cache).
 
 The result lists the Triton kernel variants compiled inside each timed run (`run1_triton_compiles`): JIT time that
 the engine's start-up warm-up did not cover. Run it with every package's src dir on PYTHONPATH
-(scripts/dev/compare_trees.sh does, for two trees). It falls back to the module paths of trees from before nv_engine's regrouping (nv_engine.entrypoints.bench,
-nv_engine.checkpoints), so an older commit can be measured with this same script."""
+(scripts/dev/compare_trees.sh does, for two trees). It falls back to the module paths of trees from before
+nv_engine's regrouping (nv_engine.entrypoints.bench, nv_engine.checkpoints), so an older commit can be measured with
+this same script."""
 from __future__ import annotations
 
 import contextlib
