@@ -79,3 +79,30 @@ def test_serve_flag_parses():
     args = parser.parse_args(["serve", "m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
     kwargs = engine_kwargs(args)
     assert kwargs["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def test_verify_steps_replay_the_emulated_verify_graphs(tiny_qwen3_dir):
+    """The CUDA-graph input path on CPU (replays run eagerly from the static staging addresses): every verify step
+    replays a verify graph (Q = 1 + k rows per sequence, front-padded, batches padded to the captured sizes) and the
+    greedy output equals the output without speculation."""
+    lengths = [32, 12, 32, 20]                 # sequences that finish early leave padded verify batches
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    prompts = repetitive_prompts(200)
+    reference, _ = generate(tiny_qwen3_dir, prompts, GREEDY)
+    llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
+    runner = llm.llm_engine.executor.runner
+    runner.capture_cudagraphs(emulate=True)
+    replayed: list[tuple[int, int]] = []
+    replay = runner.verify_graphs.replay
+    runner.verify_graphs.replay = lambda padded, n: (replayed.append((padded, n)), replay(padded, n))[1]
+    verify_steps: list[bool] = []
+    launch = runner.launch
+    runner.launch = lambda step: (verify_steps.append(step.num_drafts is not None), launch(step))[1]
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(reference, lengths, strict=True)]
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
+    assert len(replayed) == sum(verify_steps) > 3 and any(padded > n for padded, n in replayed)

@@ -12,8 +12,13 @@ import torch
 
 from nv_kernels.kv_layout import to_token_major
 from nv_kernels.kv_quant import quantize
-from nv_kernels.testing import PagedBatch, dense_causal_attention, interpreted_triton_modules, random_paged_batch, \
-    relative_error
+from nv_kernels.testing import (
+    PagedBatch,
+    dense_causal_attention,
+    interpreted_triton_modules,
+    random_paged_batch,
+    relative_error,
+)
 from nv_kernels.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -46,7 +51,7 @@ def test_reference_is_causal_attention_over_the_last_q_positions() -> None:
     b = _batch([4, 19, 40], 4, (4, 2), 8, seed=1)
     out = REF.decode_queries(b.q, b.k_cache, b.v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables,
                              max_seqlen_k=64, scale=0.3, query_len=4)
-    for i, length in enumerate([4, 19, 40]):
+    for i in range(3):
         dense = dense_causal_attention(b.q[4 * i:4 * i + 4], b.keys[i], b.values[i], 0.3)
         assert relative_error(out[4 * i:4 * i + 4], dense.float()) < TOL
 

@@ -27,8 +27,14 @@ from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import is_fp8, scale_strides
 from nv_kernels.split_k_workspace import SplitKWorkspace
-from nv_kernels.triton_decode import LOG2E, MIN_COUNTERS, compute_dtype, load_kv_tiles, merge_splits_if_last, \
-    scaled_query
+from nv_kernels.triton_decode import (
+    LOG2E,
+    MIN_COUNTERS,
+    compute_dtype,
+    load_kv_tiles,
+    merge_splits_if_last,
+    scaled_query,
+)
 
 _WORKSPACE = SplitKWorkspace()
 _empty = torch.empty  # tests swap in a NaN-filling allocator to poison outputs and workspaces

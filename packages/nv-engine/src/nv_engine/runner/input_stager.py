@@ -13,6 +13,7 @@ import torch
 
 from nv_engine.core.step import StepInput
 from nv_engine.runner.staging_buffer import StagingBuffer
+from nv_engine.runner.verify_layout import VerifyRows
 from nv_kernels import AttentionBackend
 from nv_layers.forward_context import ForwardContext
 
@@ -36,6 +37,7 @@ class StagedStep(NamedTuple):
     prev_rows: torch.Tensor | None        # [K] rows of ids to take from the previous step's samples
     prev_src: torch.Tensor | None         # [K] their index in that step's sampled ids
     draw: DrawInputs | None = None        # decode layout only
+    logits_rows: torch.Tensor | None = None   # verify layout only: [S * (K+1)] hidden rows the verifier reads
 
 
 class InputStager:
@@ -96,6 +98,41 @@ class InputStager:
             cu_seqlens_q=None, max_seqlen_q=1, max_seqlen_k=self.max_model_len,
             logits_indices=None, backend=self.backend)
         return StagedStep(ctx, ids, positions, prev_rows, prev_src, draw)
+
+    def stage_verify(self, padded: int, query_len: int, step: StepInput | None = None,
+                     rows: VerifyRows | None = None) -> StagedStep:
+        """Stage a verify step (runner.verify_layout) padded to `padded` sequences of query_len rows, in the fixed
+        layout its CUDA graphs replay on: int64 [ids | positions | slots (padded x Q each) | logits rows],
+        int32 [seq_lens (padded) | block_tables (padded x max_blocks)]. Padding sequences have slot -1 and length
+        0. step None (graph capture): every sequence Q tokens in block 0, nothing written to the cache."""
+        i64, i32, max_blocks = self.i64, self.i32, self.max_blocks
+        n = padded * query_len
+        i64.begin()
+        i32.begin()
+        if step is None or rows is None:
+            ids = i64.put(_EMPTY, n, fill=0)
+            positions = i64.put(_EMPTY, n, fill=0)
+            slots = i64.put(_EMPTY, n, fill=-1)
+            seq_lens = i32.put(_EMPTY, padded, fill=query_len)
+            block_tables = i32.put_rows(np.zeros((padded, max_blocks), dtype=np.int32), padded, max_blocks)
+            logits_rows = prev_rows = prev_src = None
+        else:
+            ids = i64.put(rows.input_ids, n, fill=0)
+            positions = i64.put(rows.positions, n, fill=0)
+            slots = i64.put(rows.slot_mapping, n, fill=-1)
+            logits_rows = i64.put(rows.logits_rows)
+            prev_rows = prev_src = None
+            if step.prev_rows is not None and step.prev_src is not None and len(step.prev_rows):
+                prev_rows, prev_src = i64.put(rows.row_of_token[step.prev_rows]), i64.put(step.prev_src)
+            seq_lens = i32.put(step.seq_lens, padded, fill=0)
+            block_tables = i32.put_rows(step.block_tables, padded, max_blocks)
+        i64.upload()
+        i32.upload()
+        ctx = ForwardContext(
+            is_decode=True, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables, cu_seqlens_q=None,
+            max_seqlen_q=query_len, max_seqlen_k=self.max_model_len, logits_indices=None, backend=self.backend,
+            query_len=query_len)
+        return StagedStep(ctx, ids, positions, prev_rows, prev_src, logits_rows=logits_rows)
 
     def stage_eager(self, step: StepInput, padded: int | None = None) -> StagedStep:
         """Stage any step in a compact layout: int64 [ids | positions | slots | logits indices],

@@ -41,6 +41,7 @@ from nv_engine.runner.prompt_logprobs_head import PromptLogprobsHead
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.runner.unsampled_step import UnsampledStep
+from nv_engine.runner.verify_graphs import VerifyGraphs
 from nv_kernels import get_backend
 from nv_kernels.fused_dispatch import set_fused_ops
 from nv_kernels.kv_layout import allocate_kv_cache
@@ -112,6 +113,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.head_graphs: SampledHeadGraphs | None = None   # LM head + temperature-only draw (TP 1)
         self.mixed_graphs: MixedStepGraphs | None = None   # steps that are not pure decode (TP 1)
+        self.verify_graphs: VerifyGraphs | None = None     # speculative decoding's verify steps
         self.max_batch = config.max_num_seqs
         self.stager = InputStager(self.backend, max_model_len=config.max_model_len,
                                   max_blocks_per_seq=config.max_blocks_per_seq,
@@ -216,9 +218,13 @@ class ModelRunner:
         sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if piecewise else []
         if self.config.enforce_eager and not emulate_mixed:
             sizes = []
+        verify = self.verify_graphs = VerifyGraphs.build(self.config, self.backend, self.stager, self.device, emulate)
+        passes = [(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)]
         if not emulate and get_tp_size() == 1:     # a rank alone decides what to compile ahead (no collectives)
-            self._compile_ahead([(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)])
+            self._compile_ahead(passes + ([(verify.stage_dummy, verify.sizes)] if verify is not None else []))
         self.graphs.capture(*self._on_staged_inputs(stage_decode))
+        if verify is not None:
+            verify.capture(*self._on_staged_inputs(verify.stage_dummy), pool=self.graphs.pool)
         if get_tp_size() == 1:
             self.head_graphs = SampledHeadGraphs(self.graphs.sizes, self.device, emulate=emulate)
             self.head_graphs.capture(self._head_for_size, self.graphs.pool)
@@ -292,16 +298,24 @@ class ModelRunner:
         batch = step.num_seqs
         graphs = self.graphs if step.is_decode else None
         padded = graphs.padded_size(batch) if graphs is not None else None
-        mixed = self.mixed_graphs.padded_size(step.num_tokens) if padded is None and self.mixed_graphs else None
+        verify_graphs = self.verify_graphs if step.num_drafts is not None else None   # verify steps' own graphs
+        verify = verify_graphs.padded_size(step) if verify_graphs is not None else None
+        mixed = (self.mixed_graphs.padded_size(step.num_tokens) if padded is None and verify is None
+                 and self.mixed_graphs else None)
         drafts = self.draft_runner.propose(step) if self.draft_runner is not None else None   # draft_model
-        staged = (self.stager.stage_decode(padded, step) if padded is not None
-                  else self.stager.stage_eager(step, mixed))
+        rows = None                            # VerifyRows: where a verify step's tokens sit in its graph layout
+        if verify_graphs is not None and verify is not None:
+            staged, rows = verify_graphs.stage(verify, step)
+        elif padded is not None:
+            staged = self.stager.stage_decode(padded, step)
+        else:
+            staged = self.stager.stage_eager(step, mixed)
         if staged.prev_rows is not None:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
             staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
         if drafts is not None:
-            DraftModelRunner.fill_target_ids(staged.ids, drafts, step)
+            DraftModelRunner.fill_target_ids(staged.ids, drafts, step, None if rows is None else rows.row_of_token)
         prompt_logprobs = None                 # PromptLogprobsResult: only eager steps carry prompt rows
         if graphs is not None and padded is not None:
             hidden = graphs.replay(padded, batch)                         # [B, H]
@@ -311,6 +325,9 @@ class ModelRunner:
                 self._sampled(SamplerOutput(heads.replay(padded, batch), None, None, None, None), None)
                 return
             logits = self.model.compute_logits(hidden)                    # [B, V]
+        elif verify_graphs is not None and verify is not None:
+            hidden = verify_graphs.replay(verify, batch)                  # [B * Q, H]
+            logits = self.model.compute_logits(hidden[staged.logits_rows])   # [S * (K+1), V]
         else:
             with forward_context(staged.ctx):
                 if mixed is not None and self.mixed_graphs is not None:
@@ -329,7 +346,7 @@ class ModelRunner:
         if step.defer_sampling:
             self.unsampled = UnsampledStep(logits, step.sampling, prompt_logprobs)
             return
-        if step.num_drafts is not None:        # speculative decoding: K+1 rows per sequence, eager or mixed graphs
+        if step.num_drafts is not None:        # speculative decoding: K+1 rows per sequence
             tensors = self.sampling_tensors.for_step(step.sampling, len(step.num_drafts))
             self._sampled(self.draft_verifier(logits, step, tensors, drafts), prompt_logprobs)
             return
@@ -380,10 +397,10 @@ class ModelRunner:
 
     # ---- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
-        for graphs in (self.head_graphs, self.graphs, self.mixed_graphs):
+        for graphs in (self.head_graphs, self.graphs, self.mixed_graphs, self.verify_graphs):
             if graphs is not None:
                 graphs.release()
-        self.head_graphs = self.graphs = self.mixed_graphs = None
+        self.head_graphs = self.graphs = self.mixed_graphs = self.verify_graphs = None
         if self.owns_custom_all_reduce:
             release_custom_all_reduce()
             self.owns_custom_all_reduce = False
