@@ -106,3 +106,35 @@ def test_verify_steps_replay_the_emulated_verify_graphs(tiny_qwen3_dir):
     assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(reference, lengths, strict=True)]
     assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
     assert len(replayed) == sum(verify_steps) > 3 and any(padded > n for padded, n in replayed)
+
+
+def test_steps_without_drafts_stay_pipelined_and_outputs_match_across_switches(tiny_qwen3_dir):
+    """ngram with max_batch_size 3 over 6 requests of different lengths: while more than 3 sequences run, steps
+    draft nothing and take the async path (launched before the previous step's ids are back); as requests finish
+    the batch falls under the threshold, the pipeline drains and drafting steps run synchronously. The greedy
+    output equals the output without speculation."""
+    prompts = [([(5 * i + j * 11) % 199 + 1 for j in range(4)] * 6)[: 16 + 2 * i] for i in range(6)]
+    lengths = [6, 10, 14, 20, 28, 36]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    reference, _ = generate(tiny_qwen3_dir, prompts, SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True))
+    llm = LLM(str(tiny_qwen3_dir), speculative_config={**NGRAM, "max_batch_size": 3})
+    core = llm.llm_engine.core
+    assert core.async_scheduling
+    executor = core.executor
+    calls: list[tuple[str, int, bool]] = []    # (path, sequences, drafts)
+    launch, execute = executor.launch, executor.execute
+    executor.launch = lambda step: (calls.append(("async", step.num_seqs, step.num_drafts is not None)),
+                                    launch(step))[1]
+    executor.execute = lambda step: (calls.append(("sync", step.num_seqs, step.num_drafts is not None)),
+                                     execute(step))[1]
+    try:
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(reference, lengths, strict=True)]
+    assert stats.num_accepted_tokens > 0
+    assert all(path == "sync" for path, _, drafts in calls if drafts)              # drafting: synchronous
+    assert all(path == "async" for path, n, _ in calls if n > 3)                    # above the threshold: pipelined
+    assert ("async", 6, False) in calls and any(drafts for _, _, drafts in calls)

@@ -17,7 +17,8 @@ is postprocessed with placeholder ids (lengths and max_tokens apply on time), th
 input ids from step N's sampled ids on the device, and while the GPU runs step N+1 the core patches in step
 N's real ids, applies EOS / stop ids and builds the updates (a sequence a stop string ends computes an extra
 token or more, dropped). So the CPU work of a step hides behind the GPU work of the next. Requests with
-penalties (which need every output id on the host when sampling) turn it off while they run.
+penalties (which need every output id on the host when sampling) turn it off while they run, and so do steps that
+draft (ngram speculative decoding, SpeculativeDecoding.drafts_next): the pipeline drains before such a step.
 
 Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a worker thread),
 fills each step's token bitmask and advances the grammars with the sampled tokens; the core's calls into it (and
@@ -138,8 +139,8 @@ class EngineCore:
         self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
                                      config.max_model_len, config.seed)   # the unfinished ones
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
-        # speculative decoding proposes from the last step's real tokens: synchronous steps
-        self.async_scheduling = spec is None and (config.async_scheduling is None or bool(config.async_scheduling))
+        # speculative decoding proposes from the last step's real tokens: drafting steps run synchronously
+        self.async_scheduling = (spec is None or spec.pipelines) and config.async_scheduling is not False
         self._inflight: _Launched | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
@@ -210,14 +211,14 @@ class EngineCore:
                                  self.scheduler.stats(), tokens=self.last_step_tokens)
 
     def _step(self) -> list[SequenceUpdate]:
-        scheduler = self.scheduler
+        scheduler, spec = self.scheduler, self.speculative
         launched, self._inflight = self._inflight, None
         failed: list[SequenceUpdate] = []
         if self.structured_outputs.num_held:
             failed = self._release_structured_outputs(wait=launched is None and not scheduler.has_unfinished())
         if launched is None:
-            if self.speculative is not None:
-                scheduler.spec_max_batch_size = self.speculative.max_batch_size(self.requests.num_unverifiable_requests)
+            if spec is not None:
+                scheduler.spec_max_batch_size = spec.max_batch_size(self.requests.num_unverifiable_requests)
             out = scheduler.schedule()
             if out.is_empty:
                 if scheduler.has_unfinished():
@@ -230,9 +231,11 @@ class EngineCore:
         out = launched.out
         # overlap only while async scheduling is on: a step launched before it was switched off is
         # collected here, before the next one is launched (and collected) synchronously
-        if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0:
+        if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0 and not (
+                spec and spec.drafts_next(scheduler.num_running, self.requests.num_unverifiable_requests)):
             for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
+            scheduler.spec_max_batch_size = 0      # no drafts from placeholder tokens
             following = scheduler.schedule()
             prepared = None
             if not following.is_empty:
@@ -330,11 +333,11 @@ class EngineCore:
         return launched, step_input
 
     def _enqueue(self, launched: _Launched, step_input: StepInput, fill_first: bool = False) -> _Launched:
-        """Hand a prepared step to the runner: launch only when async (its sampling waits for
+        """Hand a prepared step to the runner: launch only when async and without drafts (its sampling waits for
         GrammarSampling.sample with defer_sampling), else run it. fill_first: its bitmask starts filling
         before the launch (every earlier token accepted: the matcher process's order)."""
         executor = self.live_executor()
-        if self.async_scheduling:
+        if self.async_scheduling and not launched.out.num_draft_tokens:
             if step_input.defer_sampling:
                 self.grammar_sampling.launched_unsampled([s.seq for s in launched.out.sampling])  # type: ignore[misc]
                 if fill_first:

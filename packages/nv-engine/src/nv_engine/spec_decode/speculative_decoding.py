@@ -2,10 +2,13 @@
 
 The scheduler asks `propose` for each decode's drafts (only in steps with at most max_batch_size running
 sequences); the step verifies them in one forward (several query tokens on top of the cached KV, the chunked-
-prefill path: such a step is not a pure decode, so it runs eagerly or in a mixed-batch CUDA graph, never in a
-decode graph); the runner's DraftVerifier emits each sequence's run, K+1 ids per sequence padded with -1, which
-`runs` splits for Scheduler.postprocess_runs. Steps run synchronously (the drafts of step N+1 are proposed from
-step N's tokens). With method "draft_model" the scheduler budgets placeholder drafts and a DraftModelPlanner tells
+prefill path: such a step is not a pure decode; up to max_batch_size sequences it replays a verify CUDA graph,
+runner.verify_graphs, else it runs eagerly or in a mixed-batch graph); the runner's DraftVerifier emits each
+sequence's run, K+1 ids per sequence padded with -1, which `runs` splits for Scheduler.postprocess_runs. Steps
+that draft run synchronously (the drafts of step N+1 are proposed from step N's tokens); with ngram, steps without
+drafts (more than max_batch_size running sequences, or an unverifiable request) keep async scheduling, and the
+engine core drains the pipeline when the next step would draft (`pipelines`, `drafts_next`). With method
+"draft_model" every step is synchronous, the scheduler budgets placeholder drafts and a DraftModelPlanner tells
 the runner's DraftModelRunner what the draft model computes in the step (its docstring). A request whose sampling
 needs more than temperature / top-k / top-p / min-p (logprobs, penalties, bans, logit bias, allowed ids,
 min_tokens, a grammar) turns drafting off for every step while it runs.
@@ -40,6 +43,18 @@ class SpeculativeDecoding:
         return (params.logprobs is None and params.prompt_logprobs is None and not params.needs_output_token_ids
                 and params.min_tokens == 0 and params.logit_bias is None and params.allowed_token_ids is None
                 and params.structured_outputs is None)
+
+    @property
+    def pipelines(self) -> bool:
+        """Whether steps without drafts may run pipelined (async scheduling, placeholders for the last step's ids).
+        ngram: yes, it proposes on the host from real tokens, in synchronous steps only. draft_model: no, its
+        catch-up forwards take every scheduled token as input, placeholders included."""
+        return not self.config.uses_draft_model
+
+    def drafts_next(self, num_running: int, num_unverifiable_requests: int) -> bool:
+        """Whether the next step would draft (some running sequence, at most max_batch_size of them, no unverifiable
+        request): it must then be scheduled from real tokens, after the pipeline drained."""
+        return 0 < num_running <= self.max_batch_size(num_unverifiable_requests)
 
     def max_batch_size(self, num_unverifiable_requests: int) -> int:
         """The scheduler's spec_max_batch_size for the next step (0: no drafts)."""
