@@ -78,14 +78,11 @@ class _Launched:
 
 
 class EngineCore:
-    """`EngineCore(config, eos_token_ids)`: starts the executor, sizes and allocates the KV cache,
-    captures CUDA graphs. Async scheduling follows config.async_scheduling (None: on; at TP > 1
-    every rank samples the same ids and feeds its own next step).
-
-    record_timestamps: note when each request is first scheduled (EngineCoreOutputs.first_scheduled)
-    and take the scheduler's stats snapshot each step; off in the offline LLM, which has no use for
-    them. executor: a ready executor to run the steps on (benchmarks of the host side); None:
-    `create_executor(config)`."""
+    """`EngineCore(config, eos_token_ids)`: starts the executor, sizes and allocates the KV cache, captures CUDA
+    graphs. Async scheduling follows config.async_scheduling (None: on; at TP > 1 every rank samples the same ids
+    and feeds its own next step). record_timestamps: note when each request is first scheduled
+    (EngineCoreOutputs.first_scheduled) and take the scheduler's stats snapshot each step; off in the offline LLM.
+    executor: a ready executor to run the steps on (benchmarks of the host side); None: `create_executor(config)`."""
 
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
                  record_timestamps: bool = False, tokenizer: HFTokenizer | None = None,

@@ -38,6 +38,7 @@ class StagedStep(NamedTuple):
     prev_src: torch.Tensor | None         # [K] their index in that step's sampled ids
     draw: DrawInputs | None = None        # decode layout only
     logits_rows: torch.Tensor | None = None   # verify layout only: [S * (K+1)] hidden rows the verifier reads
+    row_of_token: np.ndarray | None = None    # verify layout only: [T] the staged row of each compact-layout token
 
 
 class InputStager:
@@ -132,7 +133,8 @@ class InputStager:
             is_decode=True, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables, cu_seqlens_q=None,
             max_seqlen_q=query_len, max_seqlen_k=self.max_model_len, logits_indices=None, backend=self.backend,
             query_len=query_len)
-        return StagedStep(ctx, ids, positions, prev_rows, prev_src, logits_rows=logits_rows)
+        return StagedStep(ctx, ids, positions, prev_rows, prev_src, logits_rows=logits_rows,
+                          row_of_token=None if rows is None else rows.row_of_token)
 
     def stage_eager(self, step: StepInput, padded: int | None = None) -> StagedStep:
         """Stage any step in a compact layout: int64 [ids | positions | slots | logits indices],

@@ -19,14 +19,14 @@ from nv_engine.config.engine_config import EngineConfig
 from nv_engine.core.step import StepInput
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.input_stager import InputStager, StagedStep
-from nv_engine.runner.verify_layout import VerifyLayout, VerifyRows
+from nv_engine.runner.verify_layout import VerifyLayout
 from nv_kernels import AttentionBackend
 from nv_layers.forward_context import ForwardContext
 
 
 class VerifyGraphs:
-    """Per step: `padded_size(step)` (None: not a verify step these graphs run), `stage(padded, step)` (staged
-    inputs, their rows), then `replay(padded, B)` -> hidden [B * Q, H] (the rows StagedStep.logits_rows picks)."""
+    """Per step: `padded_size(step)` (None: not a verify step these graphs run), `stage(padded, step)`, then
+    `replay(padded, B)` -> hidden [B * Q, H] (the rows StagedStep.logits_rows picks)."""
 
     def __init__(self, max_batch_size: int, query_len: int, hidden_size: int, dtype: torch.dtype,
                  device: torch.device, stager: InputStager, emulate: bool = False) -> None:
@@ -58,9 +58,8 @@ class VerifyGraphs:
             return None
         return self.graphs.padded_size(step.num_seqs)
 
-    def stage(self, padded: int, step: StepInput) -> tuple[StagedStep, VerifyRows]:
-        rows = self.layout.rows(step)
-        return self.stager.stage_verify(padded, self.query_len, step, rows), rows
+    def stage(self, padded: int, step: StepInput) -> StagedStep:
+        return self.stager.stage_verify(padded, self.query_len, step, self.layout.rows(step))
 
     def stage_dummy(self, padded: int) -> StagedStep:
         """The inputs a capture of `padded` sequences records (the addresses every later step of that size uses)."""
