@@ -316,7 +316,7 @@ class ModelRunner:
             return
         if step.num_drafts is not None:        # speculative decoding: K+1 rows per sequence
             tensors = self.sampling_tensors.for_step(step.sampling, len(step.num_drafts))
-            self._sampled(self.draft_verifier(logits, step, tensors, drafts), prompt_logprobs)
+            self._sampled(self.draft_verifier(logits, step, tensors, drafts, staged.drafts), prompt_logprobs)
             return
         self._sample(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]), prompt_logprobs)
 
