@@ -38,3 +38,26 @@ def test_draft_is_capped_by_k_max_tokens_and_the_end():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="min <= max"):
         NgramProposer(3, 4, 2)
+
+
+def _lookup(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
+    """The rule spelled out: for n from hi down to lo, the most recent earlier start of the last n tokens with a
+    token after it; the k tokens that follow (cut at the end)."""
+    total = len(tokens)
+    for n in range(min(hi, total - 1), lo - 1, -1):
+        for start in range(total - n - 1, -1, -1):
+            if tokens[start:start + n] == tokens[total - n:]:
+                return tokens[start + n:min(start + n + k, total)]
+    return []
+
+
+def test_matches_the_rule_on_random_sequences():
+    import random
+
+    rng = random.Random(0)
+    for trial in range(400):
+        vocab = rng.choice([2, 3, 5, 50])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        k, lo = rng.randrange(1, 6), rng.randrange(1, 4)
+        hi = lo + rng.randrange(0, 4)
+        assert NgramProposer(k, lo, hi).propose(tokens) == _lookup(tokens, k, lo, hi), (trial, tokens, k, lo, hi)
