@@ -1,6 +1,8 @@
 """NgramProposer: draft tokens by prompt lookup (the idea of Saxena's prompt-lookup decoding, as vLLM's
 "ngram" method): the sequence's last n tokens are searched earlier in its own tokens, and the tokens that
-followed the most recent earlier occurrence are the draft."""
+followed the most recent earlier occurrence are the draft. An occurrence that overlaps the end leaves fewer than
+k tokens to follow (a run of one repeated token: one), so the most recent occurrence with k tokens after it is
+preferred where one exists."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,9 +22,9 @@ class NgramProposer:
         self.prompt_lookup_max = prompt_lookup_max
 
     def propose(self, token_ids: Sequence[int], max_tokens: int | None = None) -> list[int]:
-        """Up to min(k, max_tokens) draft tokens following the most recent earlier occurrence of the longest
-        suffix (n from max down to min) that occurs earlier; [] when none does. The draft stops at the end of
-        token_ids (an occurrence near the end proposes fewer tokens).
+        """Up to k' = min(k, max_tokens) draft tokens following an earlier occurrence of the longest suffix (n from
+        max down to min) that occurs earlier: its most recent occurrence with k' tokens after it, else its most
+        recent one (the draft then stops at the end of token_ids); [] when no suffix occurs earlier.
 
         Host cost per sequence and step (the engine calls it in every drafting step): first the longest suffix
         among the last RECENT starts (repetitive text: found at once); then a C-speed scan for the last token
@@ -37,10 +39,11 @@ class NgramProposer:
         if longest >= self.prompt_lookup_min:          # the longest suffix wins: its most recent start, if recent
             suffix = list(token_ids[total - longest:])
             first = suffix[0]
-            for start in range(total - longest - 1, max(total - longest - 1 - RECENT, -1), -1):
+            # only occurrences with k tokens after them (the rest, if any, are weighed by the pass below)
+            for start in range(total - longest - k, max(total - longest - k - RECENT, -1), -1):
                 if token_ids[start] == first and list(token_ids[start:start + longest]) == suffix:
                     follow = start + longest
-                    return list(token_ids[follow:min(follow + k, total)])
+                    return list(token_ids[follow:follow + k])
         try:
             token_ids.index(token_ids[-1], 0, total - 1)
         except ValueError:
@@ -55,8 +58,9 @@ class NgramProposer:
             hits = np.flatnonzero(ends)
             if len(hits) == 0:
                 break
-            if n >= self.prompt_lookup_min:
-                best = int(hits[-1])
+            if n >= self.prompt_lookup_min:   # the most recent end with k tokens after it, else the most recent
+                full = hits[hits <= total - 1 - k]
+                best = int(full[-1] if len(full) else hits[-1])
         if best < 0:
             return []
         follow = best + 1
