@@ -121,13 +121,7 @@ def test_steps_without_drafts_stay_pipelined_and_outputs_match_across_switches(t
     llm = LLM(str(tiny_qwen3_dir), speculative_config={**NGRAM, "max_batch_size": 3})
     core = llm.llm_engine.core
     assert core.async_scheduling
-    executor = core.executor
-    calls: list[tuple[str, int, bool]] = []    # (path, sequences, drafts)
-    launch, execute = executor.launch, executor.execute
-    executor.launch = lambda step: (calls.append(("async", step.num_seqs, step.num_drafts is not None)),
-                                    launch(step))[1]
-    executor.execute = lambda step: (calls.append(("sync", step.num_seqs, step.num_drafts is not None)),
-                                     execute(step))[1]
+    calls = record_paths(core)
     try:
         outputs = llm.generate(requests, params, use_tqdm=False)
         stats = llm.llm_engine.scheduler.stats()
@@ -136,5 +130,43 @@ def test_steps_without_drafts_stay_pipelined_and_outputs_match_across_switches(t
     assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(reference, lengths, strict=True)]
     assert stats.num_accepted_tokens > 0
     assert all(path == "sync" for path, _, drafts in calls if drafts)              # drafting: synchronous
-    assert all(path == "async" for path, n, _ in calls if n > 3)                    # above the threshold: pipelined
-    assert ("async", 6, False) in calls and any(drafts for _, _, drafts in calls)
+    assert all(path == "pipelined" for path, n, _ in calls[1:] if n > 3)            # above the threshold
+    assert ("pipelined", 6, False) in calls and any(drafts for _, _, drafts in calls)
+
+
+def record_paths(core) -> list[tuple[str, int, bool]]:
+    """Wrap the core's executor: per step (path, sequences, drafts), path "pipelined" for a step launched while
+    the previous one is still uncollected, "launched" for one launched alone, "sync" for one executed."""
+    calls: list[tuple[str, int, bool]] = []
+    executor = core.executor
+    launch, execute = executor.launch, executor.execute
+
+    def launched(step):
+        calls.append(("pipelined" if core._num_uncollected else "launched", step.num_seqs, step.num_drafts is not None))
+        return launch(step)
+
+    executor.launch = launched
+    executor.execute = lambda step: (calls.append(("sync", step.num_seqs, step.num_drafts is not None)),
+                                     execute(step))[1]
+    return calls
+
+
+def test_steps_pipeline_while_the_proposer_finds_nothing(tiny_qwen3_dir):
+    """Drafting allowed (2 sequences, max_batch_size 8) but nothing to look up: after a few steps that try, steps
+    pipeline, every PROBE_EVERY-th one still trying; the output equals the output without speculation."""
+    from nv_engine.spec_decode.speculative_decoding import PROBE_EVERY, QUIET_STEPS
+
+    prompts = repetitive_prompts(200)[:2]
+    reference, _ = generate(tiny_qwen3_dir, prompts, GREEDY)
+    llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
+    core = llm.llm_engine.core
+    core.scheduler._propose = lambda token_ids, most: []
+    calls = record_paths(core)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    alone = sum(path == "launched" for path, _, _ in calls)
+    assert alone <= 1 + QUIET_STEPS + len(calls) // PROBE_EVERY + 1
+    assert sum(path == "pipelined" for path, _, _ in calls) > len(calls) // 2
