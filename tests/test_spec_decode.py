@@ -3,6 +3,7 @@ tiny random checkpoint and on SmolLM2, with prefix caching and with a forced pre
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nv_engine import LLM, SamplingParams
 from nv_kvcache import SchedulerStats
@@ -170,3 +171,35 @@ def test_steps_pipeline_while_the_proposer_finds_nothing(tiny_qwen3_dir):
     alone = sum(path == "launched" for path, _, _ in calls)
     assert alone <= 1 + QUIET_STEPS + len(calls) // PROBE_EVERY + 1
     assert sum(path == "pipelined" for path, _, _ in calls) > len(calls) // 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_ngram_on_cuda_verify_graphs_and_pipelined_steps(make_tiny_checkpoint):
+    """On CUDA (graphs captured, Triton attention): every verify step replays a verify graph (decode_queries inside
+    it) and greedy output equals the output without speculation in fp32, at a batch that drafts and at one above
+    max_batch_size, where the steps pipeline."""
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=512)
+    target = make_tiny_checkpoint("qwen3", **shape)
+    kwargs = {"dtype": "float32", "gpu_memory_utilization": 0.3, "max_num_seqs": 16}
+    prompts = [([(7 * i + j * 13) % 200 + 1 for j in range(5)] * 12)[: 40 + 3 * i] for i in range(12)]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    reference, _ = generate(target, prompts, params, **kwargs)
+    llm = LLM(str(target), speculative_config={**NGRAM, "max_batch_size": 4}, **kwargs)
+    runner = llm.llm_engine.executor.runner
+    assert runner.verify_graphs is not None and runner.verify_graphs.graphs.graphs
+    replayed: list[int] = []
+    replay = runner.verify_graphs.replay
+    runner.verify_graphs.replay = lambda padded, n: (replayed.append(n), replay(padded, n))[1]
+    calls = record_paths(llm.llm_engine.core)
+    try:
+        small = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params, use_tqdm=False)
+        large = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in small] == reference[:3]
+    assert [o.outputs[0].token_ids for o in large] == reference
+    assert stats.num_accepted_tokens > 0
+    assert len(replayed) == sum(drafts for _, _, drafts in calls) > 0
+    assert any(path == "pipelined" and n == 12 for path, n, _ in calls)
