@@ -130,7 +130,7 @@ def test_steps_without_drafts_stay_pipelined_and_outputs_match_across_switches(t
         llm.shutdown()
     assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(reference, lengths, strict=True)]
     assert stats.num_accepted_tokens > 0
-    assert all(path == "sync" for path, _, drafts in calls if drafts)              # drafting: synchronous
+    assert all(path == "launched" for path, _, drafts in calls if drafts)          # drafting: never pipelined
     assert all(path == "pipelined" for path, n, _ in calls[1:] if n > 3)            # above the threshold
     assert ("pipelined", 6, False) in calls and any(drafts for _, _, drafts in calls)
 

@@ -1,16 +1,14 @@
 """EngineCore: the engine minus tokenization and detokenization; one scheduler step per `step()`.
 
-It takes EngineCoreRequests (token ids, prepared SamplingParams) and returns, per step, a
-SequenceUpdate per sequence with news. The frontend (LLMEngine in process, AsyncLLM over a
-process boundary) owns the tokenizer and the OutputProcessor, which detokenizes, applies stop
-strings and builds RequestOutputs; a stop string that ends a running sequence comes back as
-`finish_requests`.
+It takes EngineCoreRequests (token ids, prepared SamplingParams) and returns, per step, a SequenceUpdate per
+sequence with news. The frontend (LLMEngine in process, AsyncLLM over a process boundary) owns the tokenizer and
+the OutputProcessor, which detokenizes, applies stop strings and builds RequestOutputs; a stop string that ends a
+running sequence comes back as `finish_requests`.
 
-A step: the Scheduler picks sequences and token counts; a StepBuilder turns them into numpy
-arrays; the executor runs the ModelRunner on every rank; the Scheduler appends the sampled ids
-and applies token stop rules. A request with n > 1 is n sequences; the siblings of the first are
-added once the first has computed the prompt, so they share its prompt blocks through the prefix
-cache.
+A step: the Scheduler picks sequences and token counts; a StepBuilder turns them into numpy arrays; the executor
+runs the ModelRunner on every rank; the Scheduler appends the sampled ids and applies token stop rules. A request
+with n > 1 is n sequences; the siblings of the first are added once the first has computed the prompt, so they
+share its prompt blocks through the prefix cache.
 
 Async scheduling (every TP size): step N+1 is scheduled and launched before step N's ids come back. Step N
 is postprocessed with placeholder ids (lengths and max_tokens apply on time), the runner takes step N+1's
@@ -18,7 +16,8 @@ input ids from step N's sampled ids on the device, and while the GPU runs step N
 N's real ids, applies EOS / stop ids and builds the updates (a sequence a stop string ends computes an extra
 token or more, dropped). So the CPU work of a step hides behind the GPU work of the next. Requests with
 penalties (which need every output id on the host when sampling) turn it off while they run, and so do steps that
-draft (ngram speculative decoding, SpeculativeDecoding.drafts_next): the pipeline drains before such a step.
+draft (ngram speculative decoding, SpeculativeDecoding.pipelines_after): the pipeline drains before such a step,
+which is launched right after the previous step's tokens are in, before that step's report.
 
 Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a worker thread),
 fills each step's token bitmask and advances the grammars with the sampled tokens; the core's calls into it (and
@@ -167,8 +166,8 @@ class EngineCore:
                     self.step_builder.release(seq.seq_id)
 
     def finish_requests(self, completions: Iterable[tuple[str, int]]) -> None:
-        """Finish (request_id, index) sequences the frontend ended by a stop string (finish reason
-        STOP); unknown or already finished ones are ignored."""
+        """Finish (request_id, index) sequences the frontend ended by a stop string (finish reason STOP); unknown
+        or already finished ones are ignored."""
         for request_id, index in completions:
             seqs = self.requests.get(request_id)
             if seqs is None or not 0 <= index < len(seqs) or seqs[index].reported_finished:
@@ -190,8 +189,8 @@ class EngineCore:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[SequenceUpdate]:
-        """Run one step; the updates of the sequences with news. With async scheduling the next
-        step is already running on the device when this returns."""
+        """Run one step; the updates of the sequences with news. With async scheduling (or a speculative decoding
+        step launched early) the next step is already running on the device when this returns."""
         try:
             updates = self._step()
         except BaseException:
@@ -213,10 +212,9 @@ class EngineCore:
         failed: list[SequenceUpdate] = []
         if self.structured_outputs.num_held:
             failed = self._release_structured_outputs(wait=launched is None and not scheduler.has_unfinished())
+        unverifiable = self.requests.num_unverifiable_requests   # may only fall in this step: drafts stay valid
         if launched is None:
-            if spec is not None:
-                scheduler.spec_max_batch_size = spec.max_batch_size(self.requests.num_unverifiable_requests)
-            out = scheduler.schedule()
+            out = scheduler.schedule() if spec is None else spec.schedule(scheduler, unverifiable)
             if out.is_empty:
                 if scheduler.has_unfinished():
                     raise RuntimeError("the scheduler could not schedule any waiting sequence")
@@ -226,10 +224,9 @@ class EngineCore:
             launched = self._launch(out, None)
         self.last_step_tokens = launched.tokens
         out = launched.out
-        # overlap only while async scheduling is on: a step launched before it was switched off is
-        # collected here, before the next one is launched (and collected) synchronously
-        if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0 and not (
-                spec and spec.drafts_next(scheduler.num_running, self.requests.num_unverifiable_requests)):
+        # overlap while async scheduling is on (a step launched before it was switched off is collected here)
+        if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0 and (
+                spec is None or spec.pipelines_after(out, scheduler.num_running, unverifiable)):
             for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
             scheduler.spec_max_batch_size = 0      # no drafts from placeholder tokens
@@ -266,6 +263,12 @@ class EngineCore:
         if self.grammar_sampling.active and not early:   # structured outputs: advance the matchers, then
             self._advance_grammars(out, result)              # fill the next step's mask while it runs
             self.grammar_sampling.start_fill()
+        if (spec is not None and self._inflight is None and self.async_scheduling and not self.grammar_sampling.active
+                and self.requests.num_penalty_requests == 0):   # all tokens on the host: the next step may draft
+            following = spec.schedule(scheduler, unverifiable)
+            if not following.is_empty:                          # its forward overlaps the report below
+                self._open_steps.append(following)
+                self._inflight = self._launch(following, None)
         updates = self.requests.report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return failed + updates if failed else updates
@@ -330,11 +333,11 @@ class EngineCore:
         return launched, step_input
 
     def _enqueue(self, launched: _Launched, step_input: StepInput, fill_first: bool = False) -> _Launched:
-        """Hand a prepared step to the runner: launch only when async and without drafts (its sampling waits for
+        """Hand a prepared step to the runner: launch only when async (its sampling waits for
         GrammarSampling.sample with defer_sampling), else run it. fill_first: its bitmask starts filling
         before the launch (every earlier token accepted: the matcher process's order)."""
         executor = self.live_executor()
-        if self.async_scheduling and not launched.out.num_draft_tokens:
+        if self.async_scheduling:
             if step_input.defer_sampling:
                 self.grammar_sampling.launched_unsampled([s.seq for s in launched.out.sampling])  # type: ignore[misc]
                 if fill_first:

@@ -8,7 +8,8 @@ sequence's run, K+1 ids per sequence padded with -1, which `runs` splits for Sch
 that draft run synchronously (the drafts of step N+1 are proposed from step N's tokens); with ngram, steps without
 drafts (more than max_batch_size running sequences, an unverifiable request, or drafting gone quiet: nothing to
 look up for a while) keep async scheduling, and the engine core drains the pipeline when the next step may draft
-(`pipelines`, `drafts_next`). With method
+(`pipelines`, `pipelines_after`), then schedules it (`schedule`) and launches it before it reports the step whose
+tokens it drafts from. With method
 "draft_model" every step is synchronous, the scheduler budgets placeholder drafts and a DraftModelPlanner tells
 the runner's DraftModelRunner what the draft model computes in the step (its docstring). A request whose sampling
 needs more than temperature / top-k / top-p / min-p (logprobs, penalties, bans, logit bias, allowed ids,
@@ -20,7 +21,7 @@ from nv_engine.config.speculative_config import SpeculativeConfig
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.spec_decode.draft_model_planner import DraftModelPlanner
 from nv_engine.spec_decode.ngram_proposer import NgramProposer
-from nv_kvcache import SchedulerOutput
+from nv_kvcache import Scheduler, SchedulerOutput
 
 QUIET_STEPS = 4    # steps in a row that could draft but did not, before steps pipeline again
 PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again
@@ -55,6 +56,18 @@ class SpeculativeDecoding:
         ngram: yes, it proposes on the host from real tokens, in synchronous steps only. draft_model: no, its
         catch-up forwards take every scheduled token as input, placeholders included."""
         return not self.config.uses_draft_model
+
+    def schedule(self, scheduler: Scheduler, num_unverifiable_requests: int) -> SchedulerOutput:
+        """The scheduler's next step with drafts allowed (from real tokens: no placeholder may be pending)."""
+        scheduler.spec_max_batch_size = self.max_batch_size(num_unverifiable_requests)
+        return scheduler.schedule()
+
+    def pipelines_after(self, launched: SchedulerOutput, num_running: int, num_unverifiable_requests: int) -> bool:
+        """Whether the step after `launched` (launched, not collected) may be scheduled now from placeholder ids, with
+        no drafts: not after a step with drafts (its runs are postprocessed first), nor where drafts_next."""
+        if launched.num_draft_tokens:
+            return False
+        return not self.drafts_next(num_running, num_unverifiable_requests)
 
     def drafts_next(self, num_running: int, num_unverifiable_requests: int) -> bool:
         """Called once per launched step without drafts (async scheduling): whether the next step should be
