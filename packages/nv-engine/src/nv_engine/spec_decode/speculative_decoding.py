@@ -9,9 +9,9 @@ that draft run synchronously (the drafts of step N+1 are proposed from step N's 
 drafts (more than max_batch_size running sequences, an unverifiable request, or drafting gone quiet: nothing to
 look up for a while) keep async scheduling, and the engine core drains the pipeline when the next step may draft
 (`pipelines`, `pipelines_after`), then schedules it (`schedule`) and launches it before it reports the step whose
-tokens it drafts from. With method
-"draft_model" every step is synchronous, the scheduler budgets placeholder drafts and a DraftModelPlanner tells
-the runner's DraftModelRunner what the draft model computes in the step (its docstring). A request whose sampling
+tokens it drafts from. With method "draft_model" every step is synchronous, the scheduler budgets placeholder
+drafts and a DraftModelPlanner tells the runner's DraftModelRunner what the draft model computes in the step (its
+docstring). A request whose sampling
 needs more than temperature / top-k / top-p / min-p (logprobs, penalties, bans, logit bias, allowed ids,
 min_tokens, a grammar) turns drafting off for every step while it runs.
 """
