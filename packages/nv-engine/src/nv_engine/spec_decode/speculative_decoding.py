@@ -11,9 +11,8 @@ look up for a while) keep async scheduling, and the engine core drains the pipel
 (`pipelines`, `pipelines_after`), then schedules it (`schedule`) and launches it before it reports the step whose
 tokens it drafts from. With method "draft_model" every step is synchronous, the scheduler budgets placeholder
 drafts and a DraftModelPlanner tells the runner's DraftModelRunner what the draft model computes in the step (its
-docstring). A request whose sampling
-needs more than temperature / top-k / top-p / min-p (logprobs, penalties, bans, logit bias, allowed ids,
-min_tokens, a grammar) turns drafting off for every step while it runs.
+docstring). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs, penalties,
+bans, logit bias, allowed ids, min_tokens, a grammar) turns drafting off for every step while it runs.
 """
 from __future__ import annotations
 
