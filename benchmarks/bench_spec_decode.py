@@ -7,6 +7,11 @@ at a large batch with speculation configured (it turns itself off above speculat
     python3 benchmarks/bench_spec_decode.py --model DIR --draft-model SMALL_DIR [--k 4]      # method draft_model
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-8b --draft-shape qwen3-0.6b
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b --draft-model self
+    python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b --sweep --large-batch 0
+
+--sweep: the crossover. Batches 1, 2, 4, 8, 16, 32, 64 (or --batches) with drafting on at every one of them
+(max_batch_size = the largest batch), then one summary line per workload: the largest batch at which speculation
+still pays (speedup > 1), the max_batch_size to configure for this model and GPU.
 
 Draft models: --draft-model DIR is a real draft (same tokenizer as --model): the only runs whose acceptance rate
 and speedup mean anything. --draft-shape SHAPE writes a random draft checkpoint of that shape (seed 1, the
@@ -83,7 +88,9 @@ def main() -> None:
     parser.add_argument("--model", help="checkpoint directory (default: random weights of --shape)")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--shape", default="qwen3-0.6b")
-    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--batches", default=None, help="batch sizes (default 1,8; with --sweep 1,2,4,...,64)")
+    parser.add_argument("--workloads", default="repetitive,random")
+    parser.add_argument("--sweep", action="store_true", help="drafting at every batch; print the crossover")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
@@ -112,11 +119,14 @@ def main() -> None:
         spec = {"method": "draft_model", "model": model if draft == "self" else draft,
                 "num_speculative_tokens": args.k, "max_batch_size": args.max_batch_size}
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in (args.batches or ("1,2,4,8,16,32,64" if args.sweep else "1,8")).split(",")]
+    workloads = args.workloads.split(",")
+    if args.sweep:                 # drafting at every batch size measured
+        spec["max_batch_size"] = max(batches)
     results: dict[tuple[str, int, str], float] = {}
     for label, speculative_config in (("off", None), ("on", spec)):
         llm = LLM(model, speculative_config=speculative_config, max_model_len=args.prompt_len + args.max_tokens + 64)
-        for workload in ("repetitive", "random"):
+        for workload in workloads:
             for batch in batches:
                 rng = random.Random(batch)
                 prompts = (repetitive_prompts(llm, batch, args.prompt_len, random_weights, rng)
@@ -145,6 +155,13 @@ def main() -> None:
                 line["throughput_ratio"] = round(tokens_per_s / results[("large", args.large_batch, "off")], 4)
             print(json.dumps(line), flush=True)
         llm.shutdown()
+    if args.sweep:
+        for workload in workloads:
+            speedups = {b: results[(workload, b, "off")] / results[(workload, b, "on")] for b in batches}
+            paying = [b for b in batches if speedups[b] > 1.0]
+            print(json.dumps({"workload": workload, "crossover": "largest batch with speedup > 1",
+                              "max_batch_size": max(paying) if paying else 0,
+                              "speedups": {str(b): round(v, 3) for b, v in speedups.items()}}), flush=True)
 
 
 if __name__ == "__main__":

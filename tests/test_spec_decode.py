@@ -3,6 +3,7 @@ tiny random checkpoint and on SmolLM2, with prefix caching and with a forced pre
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nv_engine import LLM, SamplingParams
 from nv_kvcache import SchedulerStats
@@ -79,3 +80,126 @@ def test_serve_flag_parses():
     args = parser.parse_args(["serve", "m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
     kwargs = engine_kwargs(args)
     assert kwargs["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def test_verify_steps_replay_the_emulated_verify_graphs(tiny_qwen3_dir):
+    """The CUDA-graph input path on CPU (replays run eagerly from the static staging addresses): every verify step
+    replays a verify graph (Q = 1 + k rows per sequence, front-padded, batches padded to the captured sizes) and the
+    greedy output equals the output without speculation."""
+    lengths = [32, 12, 32, 20]                 # sequences that finish early leave padded verify batches
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    prompts = repetitive_prompts(200)
+    reference, _ = generate(tiny_qwen3_dir, prompts, GREEDY)
+    llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
+    runner = llm.llm_engine.executor.runner
+    runner.capture_cudagraphs(emulate=True)
+    replayed: list[tuple[int, int]] = []
+    replay = runner.verify_graphs.replay
+    runner.verify_graphs.replay = lambda padded, n: (replayed.append((padded, n)), replay(padded, n))[1]
+    verify_steps: list[bool] = []
+    launch = runner.launch
+    runner.launch = lambda step: (verify_steps.append(step.num_drafts is not None), launch(step))[1]
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(reference, lengths, strict=True)]
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
+    assert len(replayed) == sum(verify_steps) > 3 and any(padded > n for padded, n in replayed)
+
+
+def test_steps_without_drafts_stay_pipelined_and_outputs_match_across_switches(tiny_qwen3_dir):
+    """ngram with max_batch_size 3 over 6 requests of different lengths: while more than 3 sequences run, steps
+    draft nothing and take the async path (launched before the previous step's ids are back); as requests finish
+    the batch falls under the threshold, the pipeline drains and drafting steps run synchronously. The greedy
+    output equals the output without speculation."""
+    prompts = [([(5 * i + j * 11) % 199 + 1 for j in range(4)] * 6)[: 16 + 2 * i] for i in range(6)]
+    lengths = [6, 10, 14, 20, 28, 36]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    reference, _ = generate(tiny_qwen3_dir, prompts, SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True))
+    llm = LLM(str(tiny_qwen3_dir), speculative_config={**NGRAM, "max_batch_size": 3})
+    core = llm.llm_engine.core
+    assert core.async_scheduling
+    calls = record_paths(core)
+    try:
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == [r[:n] for r, n in zip(reference, lengths, strict=True)]
+    assert stats.num_accepted_tokens > 0
+    assert all(path == "launched" for path, _, drafts in calls if drafts)          # drafting: never pipelined
+    assert all(path == "pipelined" for path, n, _ in calls[1:] if n > 3)            # above the threshold
+    assert ("pipelined", 6, False) in calls and any(drafts for _, _, drafts in calls)
+
+
+def record_paths(core) -> list[tuple[str, int, bool]]:
+    """Wrap the core's executor: per step (path, sequences, drafts), path "pipelined" for a step launched while
+    the previous one is still uncollected, "launched" for one launched alone, "sync" for one executed."""
+    calls: list[tuple[str, int, bool]] = []
+    executor = core.executor
+    launch, execute = executor.launch, executor.execute
+
+    def launched(step):
+        calls.append(("pipelined" if core._num_uncollected else "launched", step.num_seqs, step.num_drafts is not None))
+        return launch(step)
+
+    executor.launch = launched
+    executor.execute = lambda step: (calls.append(("sync", step.num_seqs, step.num_drafts is not None)),
+                                     execute(step))[1]
+    return calls
+
+
+def test_steps_pipeline_while_the_proposer_finds_nothing(tiny_qwen3_dir):
+    """Drafting allowed (2 sequences, max_batch_size 8) but nothing to look up: after a few steps that try, steps
+    pipeline, every PROBE_EVERY-th one still trying; the output equals the output without speculation."""
+    from nv_engine.spec_decode.speculative_decoding import PROBE_EVERY, QUIET_STEPS
+
+    prompts = repetitive_prompts(200)[:2]
+    reference, _ = generate(tiny_qwen3_dir, prompts, GREEDY)
+    llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
+    core = llm.llm_engine.core
+    core.scheduler._propose = lambda token_ids, most: []
+    calls = record_paths(core)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    alone = sum(path == "launched" for path, _, _ in calls)
+    assert alone <= 1 + QUIET_STEPS + len(calls) // PROBE_EVERY + 1
+    assert sum(path == "pipelined" for path, _, _ in calls) > len(calls) // 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_ngram_on_cuda_verify_graphs_and_pipelined_steps(make_tiny_checkpoint):
+    """On CUDA (graphs captured, Triton attention): every verify step replays a verify graph (decode_queries inside
+    it) and greedy output equals the output without speculation in fp32, at a batch that drafts and at one above
+    max_batch_size, where the steps pipeline."""
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=512)
+    target = make_tiny_checkpoint("qwen3", **shape)
+    kwargs = {"dtype": "float32", "gpu_memory_utilization": 0.3, "max_num_seqs": 16}
+    prompts = [([(7 * i + j * 13) % 200 + 1 for j in range(5)] * 12)[: 40 + 3 * i] for i in range(12)]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    reference, _ = generate(target, prompts, params, **kwargs)
+    llm = LLM(str(target), speculative_config={**NGRAM, "max_batch_size": 4}, **kwargs)
+    runner = llm.llm_engine.executor.runner
+    assert runner.verify_graphs is not None and runner.verify_graphs.graphs.graphs
+    replayed: list[int] = []
+    replay = runner.verify_graphs.replay
+    runner.verify_graphs.replay = lambda padded, n: (replayed.append(n), replay(padded, n))[1]
+    calls = record_paths(llm.llm_engine.core)
+    try:
+        small = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params, use_tqdm=False)
+        large = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in small] == reference[:3]
+    assert [o.outputs[0].token_ids for o in large] == reference
+    assert stats.num_accepted_tokens > 0
+    assert len(replayed) == sum(drafts for _, _, drafts in calls) > 0
+    assert any(path == "pipelined" and n == 12 for path, n, _ in calls)

@@ -84,6 +84,21 @@ class DecodesWithRope(Protocol):
 
 
 @runtime_checkable
+class DecodesQueries(Protocol):
+    """A backend with a decode attention for Q query tokens per sequence (speculative decoding's verify steps, in
+    the decode CUDA graphs): the query rows of one sequence are the last Q positions of its context."""
+
+    def decode_queries(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,
+        max_seqlen_k: int, scale: float, query_len: int, k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
+        """q [B * Q, Hq, D] (Q = query_len; sequence b's rows b * Q .. b * Q + Q - 1) -> [B * Q, Hq, D]. Query token j
+        of sequence b attends to positions < seq_lens[b] - Q + 1 + j; rows whose limit is <= 0 come out as 0."""
+        ...
+
+
+@runtime_checkable
 class WarmsUp(Protocol):
     """A backend whose kernels compile on first use and that can compile them ahead of the first request."""
 

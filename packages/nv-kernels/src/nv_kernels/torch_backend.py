@@ -141,3 +141,34 @@ class TorchBackend:
         probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # seq_len 0 rows -> 0
         out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [B, Hkv, G, D]
         return out.reshape(batch, hq, d).to(q.dtype)
+
+    def decode_queries(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,
+        max_seqlen_k: int, scale: float, query_len: int, k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
+        """q [B * Q, Hq, D] (Q = query_len tokens per sequence, the last one newest) -> [B * Q, Hq, D]; query token
+        j of sequence b attends to positions < seq_lens[b] - Q + 1 + j (no host sync: CUDA-graph safe)."""
+        hq, hkv = check_query(q, k_cache, v_cache)
+        check_scales(k_cache, k_scale, v_scale)
+        if query_len < 1 or q.shape[0] % query_len:
+            raise ValueError(f"q has {q.shape[0]} rows: not whole sequences of query_len={query_len}")
+        nb, bs, _, d = k_cache.shape
+        batch = q.shape[0] // query_len
+        num_blocks = min(block_tables.shape[1], max(1, (max_seqlen_k + bs - 1) // bs))
+        table = block_tables[:, :num_blocks].long().clamp(0, nb - 1)  # [B, M]
+        length = num_blocks * bs
+        positions = torch.arange(length, device=q.device)  # [L]
+        limits = (seq_lens.long()[:, None] - query_len + 1
+                  + torch.arange(query_len, device=q.device)[None, :])  # [B, Q]
+        keep = positions[None, None, :] < limits[:, :, None]  # [B, Q, L]
+        inside = (positions[None, :] < seq_lens[:, None].long())[:, :, None, None]  # [B, L, 1, 1]
+        k = _to_float(_bytes(k_cache)[table], k_cache.dtype, k_scale).reshape(batch, length, hkv, d)
+        v = _to_float(_bytes(v_cache)[table], v_cache.dtype, v_scale).reshape(batch, length, hkv, d)
+        k, v = k.masked_fill(~inside, 0.0), v.masked_fill(~inside, 0.0)  # slots past a context may hold NaN
+        qg = q.float().view(batch, query_len, hkv, hq // hkv, d)  # [B, Q, Hkv, G, D]
+        scores = torch.einsum("bqhgd,blhd->bqhgl", qg, k) * scale  # [B, Q, Hkv, G, L]
+        scores = scores.masked_fill(~keep[:, :, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # rows with nothing to attend to -> 0
+        out = torch.einsum("bqhgl,blhd->bqhgd", probs, v)  # [B, Q, Hkv, G, D]
+        return out.reshape(batch * query_len, hq, d).to(q.dtype)

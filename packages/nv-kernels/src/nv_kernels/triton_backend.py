@@ -13,6 +13,7 @@ from nv_kernels.kv_quant import check_scales
 from nv_kernels.triton_decode import decode_attention
 from nv_kernels.triton_prefill import prefill_attention
 from nv_kernels.triton_store import store_kvcache
+from nv_kernels.triton_verify import verify_attention
 
 
 def _check_device(*tensors: Tensor) -> None:
@@ -104,3 +105,16 @@ class TritonBackend:
         return decode_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
                                 _last_dim_contiguous(block_tables), max_seqlen_k, scale,
                                 k_scale=k_scale, v_scale=v_scale, rope=rope)
+
+    def decode_queries(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,
+        max_seqlen_k: int, scale: float, query_len: int, k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+    ) -> Tensor:
+        check_query(q, k_cache, v_cache)
+        check_scales(k_cache, k_scale, v_scale)
+        _check_device(q, k_cache, v_cache, seq_lens, block_tables)
+        check_cache_layout(k_cache, v_cache)
+        return verify_attention(_last_dim_contiguous(q), k_cache, v_cache, seq_lens.contiguous(),
+                                _last_dim_contiguous(block_tables), max_seqlen_k, scale, query_len,
+                                k_scale=k_scale, v_scale=v_scale)

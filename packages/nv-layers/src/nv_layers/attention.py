@@ -89,6 +89,10 @@ class Attention(nn.Module):
         """q [T, Hq, D] over the cache, which already holds this step's K/V -> [T, Hq, D]."""
         backend = ctx.backend
         scales = self.kv_scale_kwargs()   # FP8 cache only: backends without FP8 never see them
+        if ctx.is_decode and ctx.query_len > 1:   # nv_kernels.interface.DecodesQueries
+            return backend.decode_queries(q, self.k_cache, self.v_cache, seq_lens=ctx.seq_lens,
+                                          block_tables=ctx.block_tables, max_seqlen_k=ctx.max_seqlen_k,
+                                          scale=self.scale, query_len=ctx.query_len, **scales)
         if ctx.is_decode:
             return backend.decode(q, self.k_cache, self.v_cache, seq_lens=ctx.seq_lens,
                                   block_tables=ctx.block_tables, max_seqlen_k=ctx.max_seqlen_k,
@@ -111,7 +115,7 @@ class Attention(nn.Module):
                               ctx: ForwardContext) -> torch.Tensor:
         """Causal attention within each sequence of this batch only (memory-profiling runs)."""
         if ctx.cu_seqlens_q is None or ctx.is_decode:
-            bounds = list(range(q.shape[0] + 1))          # one token per sequence
+            bounds = list(range(0, q.shape[0] + 1, ctx.query_len))   # query_len tokens per sequence
         else:
             bounds = ctx.cu_seqlens_q.tolist()             # host sync: fine, profiling only
         group = self.num_heads // self.num_kv_heads

@@ -94,7 +94,7 @@ class DecoderAttention(nn.Module):
         Not while FP8 scales are calibrated (the layer records K / V first) nor with partial rotary. The backend's
         capability (nv_kernels.interface.DecodesWithRope) is tested with hasattr: a Protocol isinstance check costs
         microseconds, per layer and eager step; a backend without it keeps the separate kernel."""
-        if not (ctx.is_decode and ctx.attention_split is None and self.attn.kv_amax is None
+        if not (ctx.is_decode and ctx.query_len == 1 and ctx.attention_split is None and self.attn.kv_amax is None
                 and self.rotary_emb.rotary_dim == self.head_dim and hasattr(ctx.backend, "decode_with_rope")):
             return False
         return ctx.backend.decode_rope_pays(num_tokens, self.num_kv_heads, ctx.max_seqlen_k, device)  # type: ignore[attr-defined]

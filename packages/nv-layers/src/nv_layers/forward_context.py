@@ -31,6 +31,10 @@ class ForwardContext:
     # layer with a KV cache hands (layer, q [T, Hq, D], k, v [T, Hkv, D], kv_stored) to it and returns what it
     # returns ([T, Hq, D]) instead of attending itself.
     attention_split: Callable[..., torch.Tensor] | None = None
+    # A decode batch with several query tokens per sequence (speculative decoding's verify steps in CUDA graphs):
+    # sequence b owns rows b * query_len .. b * query_len + query_len - 1, the last query_len positions of its
+    # seq_lens[b] context (front padding rows have slot -1); backends answer it with decode_queries.
+    query_len: int = 1
 
 
 @contextmanager

@@ -38,7 +38,9 @@ class SpeculativeConfig:
     extra verified tokens (wasted when rejected) for fewer steps; that pays while a decode step is bound by
     reading the weights, i.e. at small batch. 32 is the default because a 0.6B-class model's decode step
     stays near its weight-read floor up to a few tens of sequences and, past that, rejected draft tokens
-    cost real compute; measure the crossover per model and GPU (benchmarks/bench_spec_decode.py)."""
+    cost real compute; measure the crossover per model and GPU (benchmarks/bench_spec_decode.py --sweep). Verify
+    steps of up to max_batch_size sequences replay CUDA graphs of their own (runner.verify_graphs); with ngram,
+    steps above it draft nothing and keep async scheduling."""
 
     method: str | None = None          # None: "draft_model" when `model` is given, else "ngram"
     num_speculative_tokens: int = 3

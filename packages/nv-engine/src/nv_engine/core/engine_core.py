@@ -1,23 +1,23 @@
 """EngineCore: the engine minus tokenization and detokenization; one scheduler step per `step()`.
 
-It takes EngineCoreRequests (token ids, prepared SamplingParams) and returns, per step, a
-SequenceUpdate per sequence with news. The frontend (LLMEngine in process, AsyncLLM over a
-process boundary) owns the tokenizer and the OutputProcessor, which detokenizes, applies stop
-strings and builds RequestOutputs; a stop string that ends a running sequence comes back as
-`finish_requests`.
+It takes EngineCoreRequests (token ids, prepared SamplingParams) and returns, per step, a SequenceUpdate per
+sequence with news. The frontend (LLMEngine in process, AsyncLLM over a process boundary) owns the tokenizer and
+the OutputProcessor, which detokenizes, applies stop strings and builds RequestOutputs; a stop string that ends a
+running sequence comes back as `finish_requests`.
 
-A step: the Scheduler picks sequences and token counts; a StepBuilder turns them into numpy
-arrays; the executor runs the ModelRunner on every rank; the Scheduler appends the sampled ids
-and applies token stop rules. A request with n > 1 is n sequences; the siblings of the first are
-added once the first has computed the prompt, so they share its prompt blocks through the prefix
-cache.
+A step: the Scheduler picks sequences and token counts; a StepBuilder turns them into numpy arrays; the executor
+runs the ModelRunner on every rank; the Scheduler appends the sampled ids and applies token stop rules. A request
+with n > 1 is n sequences; the siblings of the first are added once the first has computed the prompt, so they
+share its prompt blocks through the prefix cache.
 
 Async scheduling (every TP size): step N+1 is scheduled and launched before step N's ids come back. Step N
 is postprocessed with placeholder ids (lengths and max_tokens apply on time), the runner takes step N+1's
 input ids from step N's sampled ids on the device, and while the GPU runs step N+1 the core patches in step
 N's real ids, applies EOS / stop ids and builds the updates (a sequence a stop string ends computes an extra
 token or more, dropped). So the CPU work of a step hides behind the GPU work of the next. Requests with
-penalties (which need every output id on the host when sampling) turn it off while they run.
+penalties (which need every output id on the host when sampling) turn it off while they run, and so do steps that
+draft (ngram speculative decoding, SpeculativeDecoding.pipelines_after): the pipeline drains before such a step,
+which is launched right after the previous step's tokens are in, before that step's report.
 
 Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a worker thread),
 fills each step's token bitmask and advances the grammars with the sampled tokens; the core's calls into it (and
@@ -77,14 +77,11 @@ class _Launched:
 
 
 class EngineCore:
-    """`EngineCore(config, eos_token_ids)`: starts the executor, sizes and allocates the KV cache,
-    captures CUDA graphs. Async scheduling follows config.async_scheduling (None: on; at TP > 1
-    every rank samples the same ids and feeds its own next step).
-
-    record_timestamps: note when each request is first scheduled (EngineCoreOutputs.first_scheduled)
-    and take the scheduler's stats snapshot each step; off in the offline LLM, which has no use for
-    them. executor: a ready executor to run the steps on (benchmarks of the host side); None:
-    `create_executor(config)`."""
+    """`EngineCore(config, eos_token_ids)`: starts the executor, sizes and allocates the KV cache, captures CUDA
+    graphs. Async scheduling follows config.async_scheduling (None: on; at TP > 1 every rank samples the same ids
+    and feeds its own next step). record_timestamps: note when each request is first scheduled
+    (EngineCoreOutputs.first_scheduled) and take the scheduler's stats snapshot each step; off in the offline LLM.
+    executor: a ready executor to run the steps on (benchmarks of the host side); None: `create_executor(config)`."""
 
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int], *,
                  record_timestamps: bool = False, tokenizer: HFTokenizer | None = None,
@@ -138,8 +135,8 @@ class EngineCore:
         self.requests = RequestTable(self.scheduler, self.structured_outputs, self.eos_token_ids,
                                      config.max_model_len, config.seed)   # the unfinished ones
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
-        # speculative decoding proposes from the last step's real tokens: synchronous steps
-        self.async_scheduling = spec is None and (config.async_scheduling is None or bool(config.async_scheduling))
+        # speculative decoding proposes from the last step's real tokens: drafting steps run synchronously
+        self.async_scheduling = (spec is None or spec.pipelines) and config.async_scheduling is not False
         self._inflight: _Launched | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
@@ -169,8 +166,8 @@ class EngineCore:
                     self.step_builder.release(seq.seq_id)
 
     def finish_requests(self, completions: Iterable[tuple[str, int]]) -> None:
-        """Finish (request_id, index) sequences the frontend ended by a stop string (finish reason
-        STOP); unknown or already finished ones are ignored."""
+        """Finish (request_id, index) sequences the frontend ended by a stop string (finish reason STOP); unknown
+        or already finished ones are ignored."""
         for request_id, index in completions:
             seqs = self.requests.get(request_id)
             if seqs is None or not 0 <= index < len(seqs) or seqs[index].reported_finished:
@@ -192,8 +189,8 @@ class EngineCore:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[SequenceUpdate]:
-        """Run one step; the updates of the sequences with news. With async scheduling the next
-        step is already running on the device when this returns."""
+        """Run one step; the updates of the sequences with news. With async scheduling (or a speculative decoding
+        step launched early) the next step is already running on the device when this returns."""
         try:
             updates = self._step()
         except BaseException:
@@ -210,15 +207,14 @@ class EngineCore:
                                  self.scheduler.stats(), tokens=self.last_step_tokens)
 
     def _step(self) -> list[SequenceUpdate]:
-        scheduler = self.scheduler
+        scheduler, spec = self.scheduler, self.speculative
         launched, self._inflight = self._inflight, None
         failed: list[SequenceUpdate] = []
         if self.structured_outputs.num_held:
             failed = self._release_structured_outputs(wait=launched is None and not scheduler.has_unfinished())
+        unverifiable = self.requests.num_unverifiable_requests   # may only fall in this step: drafts stay valid
         if launched is None:
-            if self.speculative is not None:
-                scheduler.spec_max_batch_size = self.speculative.max_batch_size(self.requests.num_unverifiable_requests)
-            out = scheduler.schedule()
+            out = scheduler.schedule() if spec is None else spec.schedule(scheduler, unverifiable)
             if out.is_empty:
                 if scheduler.has_unfinished():
                     raise RuntimeError("the scheduler could not schedule any waiting sequence")
@@ -228,11 +224,12 @@ class EngineCore:
             launched = self._launch(out, None)
         self.last_step_tokens = launched.tokens
         out = launched.out
-        # overlap only while async scheduling is on: a step launched before it was switched off is
-        # collected here, before the next one is launched (and collected) synchronously
-        if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0:
+        # overlap while async scheduling is on (a step launched before it was switched off is collected here)
+        if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0 and (
+                spec is None or spec.pipelines_after(out, scheduler.num_running, unverifiable)):
             for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
+            scheduler.spec_max_batch_size = 0      # no drafts from placeholder tokens
             following = scheduler.schedule()
             prepared = None
             if not following.is_empty:
@@ -266,6 +263,12 @@ class EngineCore:
         if self.grammar_sampling.active and not early:   # structured outputs: advance the matchers, then
             self._advance_grammars(out, result)              # fill the next step's mask while it runs
             self.grammar_sampling.start_fill()
+        if (spec is not None and self._inflight is None and self.async_scheduling and not self.grammar_sampling.active
+                and self.requests.num_penalty_requests == 0):   # all tokens on the host: the next step may draft
+            following = spec.schedule(scheduler, unverifiable)
+            if not following.is_empty:                          # its forward overlaps the report below
+                self._open_steps.append(following)
+                self._inflight = self._launch(following, None)
         updates = self.requests.report(out.sampling, result, launched.batch)
         self._open_steps = [self._inflight.out] if self._inflight is not None else []
         return failed + updates if failed else updates

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,15 +42,18 @@ class DecodeGraphs:
     without a GPU."""
 
     def __init__(self, max_batch_size: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device, emulate: bool = False) -> None:
+                 device: torch.device, emulate: bool = False, rows_per_seq: int = 1, pool: Any = None) -> None:
+        # rows_per_seq > 1: verify steps of speculative decoding (runner.verify_graphs), that many query rows
+        # per sequence; pool: a graph pool to share (the decode graphs')
         self.sizes = graph_batch_sizes(max_batch_size)
         # padded[b] = smallest captured size >= b, for b in 0..max_batch_size
         self.padded = np.searchsorted(np.array(self.sizes), np.arange(max_batch_size + 1))
         self.padded = np.array(self.sizes)[np.minimum(self.padded, len(self.sizes) - 1)]
         self.max_batch_size = max_batch_size
-        self.hidden = torch.zeros(max_batch_size, hidden_size, dtype=dtype, device=device)  # [maxB, H]
+        self.rows = rows_per_seq
+        self.hidden = torch.zeros(max_batch_size * rows_per_seq, hidden_size, dtype=dtype, device=device)  # [maxB*R, H]
         self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
-        self.pool = None
+        self.pool = pool
         self.device = device
         self.emulate = emulate
         self.memory_bytes = 0
@@ -68,14 +72,14 @@ class DecodeGraphs:
         for bs in reversed(self.sizes):
             ctx = prepare(bs)
             with forward_context(ctx):
-                self.hidden[:bs] = run_model(bs)
+                self.hidden[:bs * self.rows] = run_model(bs)
                 if self.emulate:
                     self.graphs[bs] = (ctx, run_model)
                     continue
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
-                    self.hidden[:bs] = run_model(bs)
+                    self.hidden[:bs * self.rows] = run_model(bs)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[bs] = graph
@@ -83,20 +87,21 @@ class DecodeGraphs:
             return
         torch.cuda.synchronize(self.device)
         self.memory_bytes = before - torch.cuda.mem_get_info(self.device)[0]
-        logger.info("captured %d decode CUDA graphs (batch sizes %d..%d) in %.1f s, %.0f MiB",
-                    len(self.sizes), self.sizes[0], self.sizes[-1], time.perf_counter() - start,
+        logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s, %.0f MiB", len(self.sizes),
+                    "decode" if self.rows == 1 else f"verify ({self.rows} rows a sequence)", self.sizes[0],
+                    self.sizes[-1], time.perf_counter() - start,
                     self.memory_bytes / (1 << 20))
 
     def replay(self, padded_size: int, batch_size: int) -> torch.Tensor:
-        """Run the graph of `padded_size` on the staged inputs; hidden states [batch_size, H]."""
+        """Run the graph of `padded_size` on the staged inputs; hidden states [batch_size * rows_per_seq, H]."""
         graph = self.graphs[padded_size]
         if isinstance(graph, tuple):       # emulate=True
             ctx, run_model = graph
             with forward_context(ctx):
-                self.hidden[:padded_size] = run_model(padded_size)
+                self.hidden[:padded_size * self.rows] = run_model(padded_size)
         else:
             graph.replay()
-        return self.hidden[:batch_size]
+        return self.hidden[:batch_size * self.rows]
 
     def release(self) -> None:
         self.graphs.clear()

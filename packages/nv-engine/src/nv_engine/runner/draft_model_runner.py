@@ -182,11 +182,14 @@ class DraftModelRunner:
             return self.model.compute_logits(hidden) if need_logits else None
 
     @staticmethod
-    def fill_target_ids(ids: torch.Tensor, proposal: DraftProposal, step: StepInput) -> None:
-        """Write the [S, K] drafts into the step's staged target input ids ([T] or padded) at their rows."""
+    def fill_target_ids(ids: torch.Tensor, proposal: DraftProposal, step: StepInput,
+                        row_of_token: np.ndarray | None = None) -> None:
+        """Write the [S, K] drafts into the step's staged target input ids ([T] or padded) at their rows;
+        row_of_token [T]: the staged row of each compact row (a verify graph's layout, runner.verify_layout)."""
         if step.draft is None:
             raise RuntimeError("fill_target_ids needs a step with draft inputs")
-        rows = torch.from_numpy(step.draft.target_rows).to(ids.device, non_blocking=True)     # [N]
+        target_rows = step.draft.target_rows if row_of_token is None else row_of_token[step.draft.target_rows]
+        rows = torch.from_numpy(target_rows).to(ids.device, non_blocking=True)     # [N]
         index = torch.from_numpy(step.draft.draft_index).to(ids.device, non_blocking=True)    # [N]
         ids[rows] = proposal.ids.reshape(-1)[index]
 

@@ -21,18 +21,21 @@ class DraftVerifier:
         self.rejection_sampler = RejectionSampler()
 
     def __call__(self, logits: torch.Tensor, step: StepInput, tensors: SamplingTensors,
-                 proposal: DraftProposal | None = None) -> SamplerOutput:
+                 proposal: DraftProposal | None = None,
+                 staged: tuple[torch.Tensor, torch.Tensor] | None = None) -> SamplerOutput:
         """logits: [S * (K+1), V] at step.logits_indices; proposal: a draft model's drafts on the device (and the
-        distributions they were drawn from), None: step.draft_ids. Returns the emitted runs flattened to
+        distributions they were drawn from), None: step.draft_ids; staged: step.draft_ids [S, K] and step.num_drafts
+        [S] already on the device (InputStager), None: copied now. Returns the emitted runs flattened to
         [S * (K+1)] token ids, K+1 per sequence, padded with -1 after each run."""
         if step.draft_ids is None or step.num_drafts is None:
             raise RuntimeError("DraftVerifier needs a step with draft tokens")
         if tensors.any_logits_processing or tensors.any_penalties or tensors.need_logprobs or tensors.num_logprobs:
             raise RuntimeError("a step with draft tokens has rows that need logprobs, penalties or token bans")
         device = logits.device
-        draft_ids = (torch.from_numpy(step.draft_ids).to(device) if proposal is None
-                     else proposal.ids)                                            # [S, K]
-        num_drafts = torch.from_numpy(step.num_drafts).to(device)                  # [S]
+        if staged is None:
+            staged = torch.from_numpy(step.draft_ids).to(device), torch.from_numpy(step.num_drafts).to(device)
+        draft_ids = staged[0] if proposal is None else proposal.ids                # [S, K]
+        num_drafts = staged[1]                                                     # [S]
         slots = draft_ids.shape[1] + 1
         slot_offsets = torch.arange(slots, device=device).repeat(draft_ids.shape[0])  # [S * (K+1)]
         per_slot = dataclasses.replace(

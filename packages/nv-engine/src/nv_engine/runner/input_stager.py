@@ -13,6 +13,7 @@ import torch
 
 from nv_engine.core.step import StepInput
 from nv_engine.runner.staging_buffer import StagingBuffer
+from nv_engine.runner.verify_layout import VerifyRows
 from nv_kernels import AttentionBackend
 from nv_layers.forward_context import ForwardContext
 
@@ -36,6 +37,9 @@ class StagedStep(NamedTuple):
     prev_rows: torch.Tensor | None        # [K] rows of ids to take from the previous step's samples
     prev_src: torch.Tensor | None         # [K] their index in that step's sampled ids
     draw: DrawInputs | None = None        # decode layout only
+    logits_rows: torch.Tensor | None = None   # verify layout only: [S * (K+1)] hidden rows the verifier reads
+    row_of_token: np.ndarray | None = None    # verify layout only: [T] the staged row of each compact-layout token
+    drafts: tuple[torch.Tensor, torch.Tensor] | None = None   # a step with drafts: (draft_ids [S, K], num_drafts [S])
 
 
 class InputStager:
@@ -48,8 +52,9 @@ class InputStager:
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
         # int64: ids, positions, slots [T each] + logits indices [S] + previous-step gather [K, K];
         # decode also seeds and sampling positions [2, B]; a step verifying k drafts per sequence has
-        # S * (k+1) logits indices (its ids, positions and slots stay within the token budget)
-        verified_rows = max_num_seqs * (num_speculative_tokens + 1) if num_speculative_tokens else 0
+        # S * (k+1) logits indices and S * (k+1) draft ids and counts (its ids, positions and slots stay within the
+        # token budget)
+        verified_rows = 2 * max_num_seqs * (num_speculative_tokens + 1) if num_speculative_tokens else 0
         self.i64 = StagingBuffer(torch.int64, 3 * max_tokens + 5 * max_num_seqs + verified_rows + 8, device)
         # int32: seq lens [B], cu_seqlens [B+1] (decode: temperatures' float32 bits [B]), block tables [B, M];
         # or a dummy mixed step's [T], [T+1], [T, 1]
@@ -97,6 +102,43 @@ class InputStager:
             logits_indices=None, backend=self.backend)
         return StagedStep(ctx, ids, positions, prev_rows, prev_src, draw)
 
+    def stage_verify(self, padded: int, query_len: int, step: StepInput | None = None,
+                     rows: VerifyRows | None = None) -> StagedStep:
+        """Stage a verify step (runner.verify_layout) padded to `padded` sequences of query_len rows, in the fixed
+        layout its CUDA graphs replay on: int64 [ids | positions | slots (padded x Q each) | logits rows],
+        int32 [seq_lens (padded) | block_tables (padded x max_blocks)]. Padding sequences have slot -1 and length
+        0. step None (graph capture): every sequence Q tokens in block 0, nothing written to the cache."""
+        i64, i32, max_blocks = self.i64, self.i32, self.max_blocks
+        n = padded * query_len
+        i64.begin()
+        i32.begin()
+        if step is None or rows is None:
+            ids = i64.put(_EMPTY, n, fill=0)
+            positions = i64.put(_EMPTY, n, fill=0)
+            slots = i64.put(_EMPTY, n, fill=-1)
+            seq_lens = i32.put(_EMPTY, padded, fill=query_len)
+            block_tables = i32.put_rows(np.zeros((padded, max_blocks), dtype=np.int32), padded, max_blocks)
+            logits_rows = prev_rows = prev_src = None
+        else:
+            ids = i64.put(rows.input_ids, n, fill=0)
+            positions = i64.put(rows.positions, n, fill=0)
+            slots = i64.put(rows.slot_mapping, n, fill=-1)
+            logits_rows = i64.put(rows.logits_rows)
+            prev_rows = prev_src = None
+            if step.prev_rows is not None and step.prev_src is not None and len(step.prev_rows):
+                prev_rows, prev_src = i64.put(rows.row_of_token[step.prev_rows]), i64.put(step.prev_src)
+            seq_lens = i32.put(step.seq_lens, padded, fill=0)
+            block_tables = i32.put_rows(step.block_tables, padded, max_blocks)
+        drafts = self._stage_drafts(step)
+        i64.upload()
+        i32.upload()
+        ctx = ForwardContext(
+            is_decode=True, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables, cu_seqlens_q=None,
+            max_seqlen_q=query_len, max_seqlen_k=self.max_model_len, logits_indices=None, backend=self.backend,
+            query_len=query_len)
+        return StagedStep(ctx, ids, positions, prev_rows, prev_src, logits_rows=logits_rows,
+                          row_of_token=None if rows is None else rows.row_of_token, drafts=drafts)
+
     def stage_eager(self, step: StepInput, padded: int | None = None) -> StagedStep:
         """Stage any step in a compact layout: int64 [ids | positions | slots | logits indices],
         int32 [seq_lens | cu_seqlens | block_tables (B x M)]. padded (the CUDA graphs of mixed steps): ids,
@@ -114,13 +156,14 @@ class InputStager:
         batch, cols = step.block_tables.shape
         block_tables = i32.put_rows(step.block_tables, batch, cols)
         prev_rows, prev_src = self._stage_prev(step)
+        drafts = self._stage_drafts(step)
         i64.upload()
         i32.upload()
         ctx = ForwardContext(
             is_decode=step.is_decode, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables,
             cu_seqlens_q=None if step.is_decode else cu_seqlens, max_seqlen_q=step.max_seqlen_q,
             max_seqlen_k=step.max_seqlen_k, logits_indices=logits_indices, backend=self.backend)
-        return StagedStep(ctx, ids, positions, prev_rows, prev_src)
+        return StagedStep(ctx, ids, positions, prev_rows, prev_src, drafts=drafts)
 
     def stage_dummy_mixed(self, padded: int) -> StagedStep:
         """The layout of stage_eager(step, padded) for capturing a mixed-step graph: `padded` one-token
@@ -140,6 +183,14 @@ class InputStager:
             is_decode=False, slot_mapping=slots, seq_lens=seq_lens, block_tables=block_tables,
             cu_seqlens_q=cu_seqlens, max_seqlen_q=1, max_seqlen_k=1, logits_indices=None, backend=self.backend)
         return StagedStep(ctx, ids, positions, None, None)
+
+    def _stage_drafts(self, step: StepInput | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A verify step's draft ids [S, K] and counts [S], staged with the step's other inputs (one copy, no host
+        wait behind the forward, which a pageable copy after it would add)."""
+        if step is None or step.draft_ids is None or step.num_drafts is None:
+            return None
+        num_seqs, width = step.draft_ids.shape
+        return self.i64.put_rows(step.draft_ids, num_seqs, width), self.i64.put(step.num_drafts)
 
     def _stage_prev(self, step: StepInput | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if step is None or step.prev_rows is None or step.prev_src is None or len(step.prev_rows) == 0:

@@ -1,11 +1,11 @@
 """ModelRunner: one per tensor-parallel rank. Owns the model, the KV cache, the CUDA graphs and the
 device side of a step (inputs -> forward -> logits -> sampled ids).
 
-A step is `launch(step)` (stage inputs with numpy into pinned memory, one copy per dtype, run the
-model: a CUDA graph for pure decode, piecewise graphs around an eager attention for other steps of
-up to 2,048 tokens (runner.mixed_graphs), eager beyond; sample on the device (a pure-decode step
-that needs only temperatures: LM head and draw in a second graph, runner.head_graphs), start the
-copy of the sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
+A step is `launch(step)` (stage inputs with numpy into pinned memory, one copy per dtype, run the model: a CUDA
+graph for pure decode or for a verify step of speculative decoding (runner.verify_graphs), piecewise graphs around
+an eager attention for other steps of up to 2,048 tokens (runner.mixed_graphs), eager beyond; sample on the device
+(a pure-decode step that needs only temperatures: LM head and draw in a second graph, runner.head_graphs), start
+the copy of the sampled ids to pinned host memory) then `collect()` (wait on an event, return the ids). `execute`
 does both; an engine that overlaps steps can call launch for step N+1 before collect of step N.
 
 A step launched with `StepInput.defer_sampling` stops at the logits; `sample(token_bitmask)` then samples it with
@@ -40,14 +40,15 @@ from nv_engine.runner.mixed_graphs import MixedStepGraphs, mixed_graph_sizes
 from nv_engine.runner.prompt_logprobs_head import PromptLogprobsHead
 from nv_engine.runner.result_copier import ResultCopier
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
+from nv_engine.runner.staged_forward import StagedForward
 from nv_engine.runner.unsampled_step import UnsampledStep
+from nv_engine.runner.verify_graphs import VerifyGraphs
 from nv_kernels import get_backend
 from nv_kernels.fused_dispatch import set_fused_ops
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.kv_quant import is_fp8
-from nv_kernels.parallel_compile import ParallelTritonCompile
 from nv_layers.attention import Attention
-from nv_layers.forward_context import ForwardContext, forward_context
+from nv_layers.forward_context import forward_context
 from nv_layers.loader import build_model
 from nv_layers.parallel_state import (
     get_tp_group,
@@ -112,6 +113,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.head_graphs: SampledHeadGraphs | None = None   # LM head + temperature-only draw (TP 1)
         self.mixed_graphs: MixedStepGraphs | None = None   # steps that are not pure decode (TP 1)
+        self.verify_graphs: VerifyGraphs | None = None     # speculative decoding's verify steps
+        self.staged_forward = StagedForward(self.model, self.device)   # graph captures' forwards
         self.max_batch = config.max_num_seqs
         self.stager = InputStager(self.backend, max_model_len=config.max_model_len,
                                   max_blocks_per_seq=config.max_blocks_per_seq,
@@ -216,9 +219,15 @@ class ModelRunner:
         sizes = mixed_graph_sizes(self.config.max_num_batched_tokens) if piecewise else []
         if self.config.enforce_eager and not emulate_mixed:
             sizes = []
+        verify = self.verify_graphs = VerifyGraphs.build(self.config, self.backend, self.stager, self.device, emulate)
+        passes = [(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)]
+        if verify is not None:
+            passes.append((verify.stage_dummy, verify.sizes))
         if not emulate and get_tp_size() == 1:     # a rank alone decides what to compile ahead (no collectives)
-            self._compile_ahead([(stage_decode, self.graphs.sizes), (self.stager.stage_dummy_mixed, sizes)])
-        self.graphs.capture(*self._on_staged_inputs(stage_decode))
+            self.staged_forward.compile_ahead(passes)
+        self.graphs.capture(*self.staged_forward.pair(stage_decode))
+        if verify is not None:
+            verify.capture(*self.staged_forward.pair(verify.stage_dummy), pool=self.graphs.pool)
         if get_tp_size() == 1:
             self.head_graphs = SampledHeadGraphs(self.graphs.sizes, self.device, emulate=emulate)
             self.head_graphs.capture(self._head_for_size, self.graphs.pool)
@@ -227,22 +236,7 @@ class ModelRunner:
         layer = cast(Attention, self.attention_layers[0])
         self.mixed_graphs = MixedStepGraphs(sizes, layer.num_heads * layer.head_dim, hidden_size, self.config.dtype,
                                             self.device, pool=self.graphs.pool, emulate=emulate_mixed)
-        self.mixed_graphs.capture(*self._on_staged_inputs(self.stager.stage_dummy_mixed))
-
-    def _compile_ahead(self, passes: list[tuple[Callable[[int], StagedStep], list[int]]]) -> None:
-        """With an empty Triton cache: compile the kernels the graph captures will meet on a thread pool first, a
-        compile-only forward per (stage, size) (ParallelTritonCompile.ahead), instead of one after the other as the
-        captures' eager warm-up runs launch them."""
-        def forward(stage: Callable[[int], StagedStep], size: int) -> Callable[[], object]:
-            def run() -> None:
-                prepare, run_model = self._on_staged_inputs(stage)
-                with forward_context(prepare(size)):
-                    run_model(size)
-            return run
-
-        ParallelTritonCompile.ahead(
-            self.device, [forward(stage, size) for stage, sizes in passes for size in reversed(sizes)],
-            "the CUDA graphs")
+        self.mixed_graphs.capture(*self.staged_forward.pair(self.stager.stage_dummy_mixed))
 
     def _head_for_size(self, size: int) -> HeadRun:
         """The LM head and temperature-only draw over the decode graphs' hidden [size, H] and the draw inputs
@@ -255,24 +249,6 @@ class ModelRunner:
         tensors = self.sampling_tensors.temperature_only(draw)
         hidden = self.graphs.hidden[:size]
         return lambda: self.sampler(self.model.compute_logits(hidden), tensors).token_ids
-
-    def _on_staged_inputs(self, stage: Callable[[int], StagedStep]) -> tuple[
-            Callable[[int], ForwardContext], Callable[[int], torch.Tensor]]:
-        """The (prepare, run_model) pair a graph capture takes: prepare(size) stages dummy inputs of `size`
-        with `stage` and returns their context; run_model(size) runs the model body on the staged ids and
-        positions (whose addresses every later step of that size reuses)."""
-        inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # size -> staged (ids, positions)
-
-        def prepare(size: int) -> ForwardContext:
-            staged = stage(size)
-            inputs[size] = (staged.ids, staged.positions)
-            return staged.ctx
-
-        def run_model(size: int) -> torch.Tensor:
-            ids, positions = inputs[size]
-            return self.model(ids, positions)
-
-        return prepare, run_model
 
     # ---- steps -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -292,16 +268,22 @@ class ModelRunner:
         batch = step.num_seqs
         graphs = self.graphs if step.is_decode else None
         padded = graphs.padded_size(batch) if graphs is not None else None
-        mixed = self.mixed_graphs.padded_size(step.num_tokens) if padded is None and self.mixed_graphs else None
+        verify_graphs = self.verify_graphs                                # speculative decoding's verify steps
+        verify = verify_graphs.padded_size(step) if verify_graphs is not None else None
+        mixed = (self.mixed_graphs.padded_size(step.num_tokens) if padded is None and verify is None
+                 and self.mixed_graphs else None)
         drafts = self.draft_runner.propose(step) if self.draft_runner is not None else None   # draft_model
-        staged = (self.stager.stage_decode(padded, step) if padded is not None
-                  else self.stager.stage_eager(step, mixed))
+        if verify_graphs is not None and verify is not None:
+            staged = verify_graphs.stage(verify, step)
+        else:
+            staged = self.stager.stage_decode(padded, step) if padded is not None else self.stager.stage_eager(
+                step, mixed)
         if staged.prev_rows is not None:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
             staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
         if drafts is not None:
-            DraftModelRunner.fill_target_ids(staged.ids, drafts, step)
+            DraftModelRunner.fill_target_ids(staged.ids, drafts, step, staged.row_of_token)
         prompt_logprobs = None                 # PromptLogprobsResult: only eager steps carry prompt rows
         if graphs is not None and padded is not None:
             hidden = graphs.replay(padded, batch)                         # [B, H]
@@ -311,6 +293,9 @@ class ModelRunner:
                 self._sampled(SamplerOutput(heads.replay(padded, batch), None, None, None, None), None)
                 return
             logits = self.model.compute_logits(hidden)                    # [B, V]
+        elif verify_graphs is not None and verify is not None:
+            hidden = verify_graphs.replay(verify, batch)                  # [B * Q, H]
+            logits = self.model.compute_logits(hidden[staged.logits_rows])   # [S * (K+1), V]
         else:
             with forward_context(staged.ctx):
                 if mixed is not None and self.mixed_graphs is not None:
@@ -329,9 +314,9 @@ class ModelRunner:
         if step.defer_sampling:
             self.unsampled = UnsampledStep(logits, step.sampling, prompt_logprobs)
             return
-        if step.num_drafts is not None:        # speculative decoding: K+1 rows per sequence, eager or mixed graphs
+        if step.num_drafts is not None:        # speculative decoding: K+1 rows per sequence
             tensors = self.sampling_tensors.for_step(step.sampling, len(step.num_drafts))
-            self._sampled(self.draft_verifier(logits, step, tensors, drafts), prompt_logprobs)
+            self._sampled(self.draft_verifier(logits, step, tensors, drafts, staged.drafts), prompt_logprobs)
             return
         self._sample(logits, self.sampling_tensors.for_step(step.sampling, logits.shape[0]), prompt_logprobs)
 
@@ -380,10 +365,10 @@ class ModelRunner:
 
     # ---- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
-        for graphs in (self.head_graphs, self.graphs, self.mixed_graphs):
+        for graphs in (self.head_graphs, self.graphs, self.mixed_graphs, self.verify_graphs):
             if graphs is not None:
                 graphs.release()
-        self.head_graphs = self.graphs = self.mixed_graphs = None
+        self.head_graphs = self.graphs = self.mixed_graphs = self.verify_graphs = None
         if self.owns_custom_all_reduce:
             release_custom_all_reduce()
             self.owns_custom_all_reduce = False

@@ -2,13 +2,17 @@
 
 The scheduler asks `propose` for each decode's drafts (only in steps with at most max_batch_size running
 sequences); the step verifies them in one forward (several query tokens on top of the cached KV, the chunked-
-prefill path: such a step is not a pure decode, so it runs eagerly or in a mixed-batch CUDA graph, never in a
-decode graph); the runner's DraftVerifier emits each sequence's run, K+1 ids per sequence padded with -1, which
-`runs` splits for Scheduler.postprocess_runs. Steps run synchronously (the drafts of step N+1 are proposed from
-step N's tokens). With method "draft_model" the scheduler budgets placeholder drafts and a DraftModelPlanner tells
-the runner's DraftModelRunner what the draft model computes in the step (its docstring). A request whose sampling
-needs more than temperature / top-k / top-p / min-p (logprobs, penalties, bans, logit bias, allowed ids,
-min_tokens, a grammar) turns drafting off for every step while it runs.
+prefill path: such a step is not a pure decode; up to max_batch_size sequences it replays a verify CUDA graph,
+runner.verify_graphs, else it runs eagerly or in a mixed-batch graph); the runner's DraftVerifier emits each
+sequence's run, K+1 ids per sequence padded with -1, which `runs` splits for Scheduler.postprocess_runs. Steps
+that draft run synchronously (the drafts of step N+1 are proposed from step N's tokens); with ngram, steps without
+drafts (more than max_batch_size running sequences, an unverifiable request, or drafting gone quiet: nothing to
+look up for a while) keep async scheduling, and the engine core drains the pipeline when the next step may draft
+(`pipelines`, `pipelines_after`), then schedules it (`schedule`) and launches it before it reports the step whose
+tokens it drafts from. With method "draft_model" every step is synchronous, the scheduler budgets placeholder
+drafts and a DraftModelPlanner tells the runner's DraftModelRunner what the draft model computes in the step (its
+docstring). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs, penalties,
+bans, logit bias, allowed ids, min_tokens, a grammar) turns drafting off for every step while it runs.
 """
 from __future__ import annotations
 
@@ -16,7 +20,10 @@ from nv_engine.config.speculative_config import SpeculativeConfig
 from nv_engine.sampling_params import SamplingParams
 from nv_engine.spec_decode.draft_model_planner import DraftModelPlanner
 from nv_engine.spec_decode.ngram_proposer import NgramProposer
-from nv_kvcache import SchedulerOutput
+from nv_kvcache import Scheduler, SchedulerOutput
+
+QUIET_STEPS = 4    # steps in a row that could draft but did not, before steps pipeline again
+PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again
 
 
 class SpeculativeDecoding:
@@ -33,6 +40,7 @@ class SpeculativeDecoding:
         else:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max)
+        self.quiet_steps = 0       # steps since the last one with drafts, while drafting is allowed
 
     @staticmethod
     def verifiable(params: SamplingParams) -> bool:
@@ -41,6 +49,37 @@ class SpeculativeDecoding:
                 and params.min_tokens == 0 and params.logit_bias is None and params.allowed_token_ids is None
                 and params.structured_outputs is None)
 
+    @property
+    def pipelines(self) -> bool:
+        """Whether steps without drafts may run pipelined (async scheduling, placeholders for the last step's ids).
+        ngram: yes, it proposes on the host from real tokens, in synchronous steps only. draft_model: no, its
+        catch-up forwards take every scheduled token as input, placeholders included."""
+        return not self.config.uses_draft_model
+
+    def schedule(self, scheduler: Scheduler, num_unverifiable_requests: int) -> SchedulerOutput:
+        """The scheduler's next step with drafts allowed (from real tokens: no placeholder may be pending)."""
+        scheduler.spec_max_batch_size = self.max_batch_size(num_unverifiable_requests)
+        return scheduler.schedule()
+
+    def pipelines_after(self, launched: SchedulerOutput, num_running: int, num_unverifiable_requests: int) -> bool:
+        """Whether the step after `launched` (launched, not collected) may be scheduled now from placeholder ids, with
+        no drafts: not after a step with drafts (its runs are postprocessed first), nor where drafts_next."""
+        if launched.num_draft_tokens:
+            return False
+        return not self.drafts_next(num_running, num_unverifiable_requests)
+
+    def drafts_next(self, num_running: int, num_unverifiable_requests: int) -> bool:
+        """Called once per launched step without drafts (async scheduling): whether the next step should be
+        scheduled from real tokens, after the pipeline drained, so that it may draft. Yes while drafting is allowed
+        (some running sequence, at most max_batch_size of them, no unverifiable request) and not quiet; quiet:
+        QUIET_STEPS steps in a row drafted nothing (text the proposer finds nothing in), after which steps
+        pipeline and every PROBE_EVERY-th tries again. A step with drafts (`runs`) ends the quiet."""
+        if not 0 < num_running <= self.max_batch_size(num_unverifiable_requests):
+            self.quiet_steps = 0          # drafting allowed again later: try at once
+            return False
+        self.quiet_steps += 1
+        return self.quiet_steps <= QUIET_STEPS or self.quiet_steps % PROBE_EVERY == 0
+
     def max_batch_size(self, num_unverifiable_requests: int) -> int:
         """The scheduler's spec_max_batch_size for the next step (0: no drafts)."""
         return 0 if num_unverifiable_requests else self.config.max_batch_size
@@ -48,6 +87,8 @@ class SpeculativeDecoding:
     def runs(self, out: SchedulerOutput, token_ids: list[int]) -> list[list[int]]:
         """A verified step's StepResult ids ([S * (K+1)], -1 padded) -> each sampling sequence's emitted run; a step
         without drafts has one id per sequence. Call it before Scheduler.postprocess_runs (which clears the drafts)."""
+        if out.num_draft_tokens:
+            self.quiet_steps = 0
         num_sequences = len(out.sampling)
         if num_sequences == 0:
             return []
