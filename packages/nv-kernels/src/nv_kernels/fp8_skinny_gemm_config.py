@@ -3,10 +3,13 @@ measured per shape by `benchmarks/bench_small_gemm.py --fp8 --table` on the GPU,
 reads them and otherwise starts from the bf16 skinny GEMM's choice for the same shape (nv_kernels.skinny_gemm_config).
 
 Why the bf16 choice is the starting point: a configuration fixes the tile in elements ([BLOCK_N, BLOCK_K]
-weights per program and step), and registers and the CUDA-core work per element are the same whether the codes
-are e4m3 or bf16 (widened to fp32 or bf16 either way), so a tile that fit and kept every SM streaming in bf16
-does in FP8, with half the bytes in flight. `fit_to_scale_blocks` then keeps each tile inside one row of 128 x 128
-scale blocks (BLOCK_N divides 128, and with gated the up offset too).
+weights per program and step). On the CUDA cores (the GEMV of one row) registers and work per element are the
+same whether the codes are e4m3 or bf16 (both widened to fp32), so a tile that fit and kept every SM streaming in
+bf16 does in FP8, with half the bytes in flight. On the tensor cores the bf16 kernel feeds tl.dot from shared
+memory, while the FP8 tile is widened to bf16 in registers: compiled for sm_90, BLOCK_K 256 took 106-255
+registers per thread where bf16 takes 48-80 (gate_up spilled), BLOCK_K 128 takes 63-128; so the tensor-core
+path halves BLOCK_K (to at most 128) and pipelines one stage deeper. `fit_to_scale_blocks` then keeps each tile
+inside one row of 128 x 128 scale blocks (BLOCK_N divides 128, and with gated the up offset too).
 """
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ def _derived_config(weight_rows: int, k: int, bucket: int, gated: bool, num_sms:
     base = TUNED_CONFIGS.get((weight_rows, k, bucket, gated))   # None also where torch beat the bf16 kernel
     if base is None:
         base = heuristic_config(weight_rows, k, bucket, gated, num_sms)
+    if base.use_dot and base.block_k > 128:   # the widened tile in registers (see above)
+        base = SkinnyGemmConfig(block_n=base.block_n, block_k=128, split_k=base.split_k,
+                                num_warps=base.num_warps, num_stages=base.num_stages + 1, use_dot=True)
     return fit_to_scale_blocks(base, weight_rows // 2 if gated else weight_rows, gated)
 
 

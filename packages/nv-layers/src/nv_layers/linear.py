@@ -9,7 +9,8 @@ batches, other dtypes and CPU tensors use F.linear.
 `quantize_fp8_block()` turns a loaded layer into block-wise FP8 (nv_kernels.fp8_block_gemm): weight becomes
 float8_e4m3fn [out_local, in_local] with weight_scale_inv float32 [ceil(out_local/128), ceil(in_local/128)], the
 blocks cut from this rank's shard, and the GEMM becomes W8A8 (the Triton kernel on CUDA, dequantize + matmul in
-torch on CPU). Checkpoints that are FP8 already are dequantized as they load (nv_layers.loader), so every
+torch on CPU), except at decode batch sizes on CUDA, where nv_kernels.fp8_skinny_gemm streams the FP8 weight
+with the activations kept in the model dtype (W8A16). Checkpoints that are FP8 already are dequantized as they load (nv_layers.loader), so every
 tensor-parallel split above works on plain tensors and the scales are always those of the local shard.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nv_kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_block
+from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_applies
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
 from nv_layers.weights import WeightLike, check_shape, copy_checked, read_full, read_shard, set_weight_loader
@@ -46,6 +48,8 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in_local] @ weight^T (+ bias) -> [..., out_local], on this rank only."""
         if self.weight_scale_inv is not None:
+            if fp8_skinny_gemm_applies(x, self.weight, self.weight_scale_inv, bias):
+                return fp8_skinny_gemm(x, self.weight, self.weight_scale_inv, bias)
             return fp8_block_gemm(x, self.weight, self.weight_scale_inv, bias)
         if skinny_gemm_applies(x, self.weight, bias):
             return skinny_gemm(x, self.weight, bias)
