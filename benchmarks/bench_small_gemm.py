@@ -192,13 +192,13 @@ def fp8_sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[Skinny
     n_out = rows // 2 if gated else rows
     widest = min(4096, 1 << (k - 1).bit_length())              # a whole row of K 4096 per program at most
     if m == 1:
-        grid = itertools.product((2, 4, 8, 16, 32) if full else (4, 8, 32), (512, 1024, 2048, widest) if full else
-                                 (1024, widest), (1, 2, 4) if full else (1, 2), (4, 8) if full else (4,), (False,))
+        grid = itertools.product((2, 4, 8, 16, 32) if full else (4, 8, 16), (512, 1024, 2048, widest) if full else
+                                 (1024, 2048, widest), (1, 2, 4) if full else (1, 2), (4, 8), (False,))
     else:
         grid = itertools.product((16, 32, 64) if full else (16, 32), (64, 128, 256) if full else (128, 256),
                                  (1, 2, 4) if full else (1, 2), (4, 8) if full else (4,), (True,))
     for bn, bk, sk, nw, dot in grid:
-        if k // sk < bk:
+        if k // sk < bk or (not dot and bn * bk > 32 * 128 * nw):   # the GEMV: at most 128 fp32 lanes a thread
             continue
         stages = 1 if bk * sk >= k else (2 if m == 1 else 4)
         cfg = fit_to_scale_blocks(SkinnyGemmConfig(block_n=bn, block_k=bk, split_k=sk, num_warps=nw,
