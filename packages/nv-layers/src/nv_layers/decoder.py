@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from nv_kernels.decode_rope import DecodeRope
+from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_applies
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
 from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
-from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_applies
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies, skinny_norm_gemm, skinny_norm_gemm_applies
 from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention

@@ -10,8 +10,9 @@ batches, other dtypes and CPU tensors use F.linear.
 float8_e4m3fn [out_local, in_local] with weight_scale_inv float32 [ceil(out_local/128), ceil(in_local/128)], the
 blocks cut from this rank's shard, and the GEMM becomes W8A8 (the Triton kernel on CUDA, dequantize + matmul in
 torch on CPU), except at decode batch sizes on CUDA, where nv_kernels.fp8_skinny_gemm streams the FP8 weight
-with the activations kept in the model dtype (W8A16). Checkpoints that are FP8 already are dequantized as they load (nv_layers.loader), so every
-tensor-parallel split above works on plain tensors and the scales are always those of the local shard.
+with the activations kept in the model dtype (W8A16). Checkpoints that are FP8 already are dequantized as they
+load (nv_layers.loader), so every tensor-parallel split above works on plain tensors and the scales are always
+those of the local shard.
 """
 from __future__ import annotations
 
