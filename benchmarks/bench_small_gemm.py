@@ -10,7 +10,8 @@ best skinny us and its configuration, the weight's GB/s, the speedup; writes JSO
 winners as `TUNED_CONFIGS` entries to paste into nv_kernels/skinny_gemm_config.py.
 --fp8: the same projections with block-FP8 weights: per projection and M, the bf16 skinny GEMM (bf16 weights, the
 layers' configuration) against the FP8 skinny GEMM (the layers' configuration and the fastest of a sweep) and the
-W8A8 block GEMM, in us and GB/s of the weight read (FP8: codes and scales); --table then prints
+W8A8 block GEMM, in us and GB/s of the weight read (FP8: codes and scales); an M over 16 (--m 256) times torch's
+bf16 GEMM against the W8A8 block GEMM alone (the large-batch path); --table then prints
 `FP8_TUNED_CONFIGS` entries for nv_kernels/fp8_skinny_gemm_config.py.
 The projections after a norm (qkv, gate_up) are also timed with the add + RMSNorm: the unfused pair (the
 fused_norm kernel, then the faster of torch and the best skinny configuration) against `skinny_norm_gemm`
@@ -39,6 +40,7 @@ from nv_kernels.fp8_skinny_gemm_config import choose_fp8_config, fit_to_scale_bl
 from nv_kernels.fused_act import silu_and_mul_triton
 from nv_kernels.fused_norm import rms_norm_triton
 from nv_kernels.skinny_gemm import (
+    MAX_M,
     skinny_gemm,
     skinny_gemm_torch,
     skinny_norm_gemm,
@@ -227,14 +229,21 @@ def bench_fp8_shape(name: str, rows: int, k: int, gated: bool, m: int, full: boo
     def gbs(nbytes: int, us: float) -> float:
         return nbytes / us / 1e3
 
-    bf16_us = graph_us([lambda i=i: skinny_gemm(xs[i % copies], weights[i % bf16_copies], gated=gated)
-                        for i in range(calls)])
+    large = m > MAX_M   # past the skinny GEMMs (prefill, large batches): torch's bf16 GEMM against W8A8
+    if large:
+        bf16_us = graph_us([lambda i=i: F.linear(xs[i % copies], weights[i % bf16_copies]) for i in range(calls)])
+    else:
+        bf16_us = graph_us([lambda i=i: skinny_gemm(xs[i % copies], weights[i % bf16_copies], gated=gated)
+                            for i in range(calls)])
     block_us = float("nan")
-    if not gated:
+    if not gated or large:   # the block GEMM has no SiLU-and-mul epilogue: gate_up alone only where no skinny runs
         block_us = graph_us([lambda i=i: fp8_block_gemm_triton(xs[i % copies], *quantized[i % copies])
                              for i in range(calls)])
+    if large:
+        print(f"{name:14s} M={m:<4d} bf16 torch {bf16_us:8.2f} us | W8A8 {block_us:8.2f} us "
+              f"(x{bf16_us / block_us:4.2f})")
     results, failed = [], []
-    for cfg in fp8_sweep(rows, k, m, gated, full):
+    for cfg in [] if large else fp8_sweep(rows, k, m, gated, full):
         try:
             err = relative_error(fp8_skinny_gemm(xs[0], *quantized[0], gated=gated, config=cfg), ref)
         except (OutOfResources, CompilationError):
@@ -276,7 +285,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default="bench_small_gemm.json")
     parser.add_argument("--models", default="0.6b,8b")
-    parser.add_argument("--m", default="1,2,4,8,16", help="batch sizes (rows of x), each at most 16")
+    parser.add_argument("--m", default="1,2,4,8,16", help="batch sizes (rows of x), each at most 16 but with --fp8")
     parser.add_argument("--full", action="store_true", help="a wider sweep (about four times longer)")
     parser.add_argument("--table", action="store_true", help="print the winners as TUNED_CONFIGS entries")
     parser.add_argument("--fp8", action="store_true",
