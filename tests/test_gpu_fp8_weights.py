@@ -5,13 +5,15 @@ from bf16's no more than a rounding of the weights of the same size does; and th
 
 Why not vLLM's check_logprobs_close of FP8 against bf16 here (it runs on CPU on a tiny model, test_fp8_weights):
 a random-weight model's logits are flat. Over a 151,936-token vocabulary the top logit stands only about half a
-logit standard deviation above the sixth, while any rounding of the weights moves the logits by a sizeable
-fraction of that standard deviation (random Qwen3 of the 8B depth with its width cut to 512, on CPU: 12-15%
-relative logit error; see test_fp8_logits_deviate_from_bf16_like_weight_rounding). There, a mirror image of the FP8
-rounding applied to the bf16 weights (no FP8 code involved) already broke the top-5 rule at 4% of positions, and
-FP8 itself at 5-9%: the rule fails by chance, not because of a bug. The rule used instead is relative: FP8 must
-stay within a small factor of that mirror image (its "noise twin"), which a kernel bug (a wrong split-K sum, K tail
-or scale) exceeds by far.
+logit standard deviation above the sixth, while any rounding of the weights of FP8's size moves the logits by a
+sizeable fraction of that deviation, more the wider the model (random Qwen3 on CPU, teacher-forced, 8B depth with
+the width cut to 512 / 1024, and width 2048 at 12 layers: 12% / 17% / 20% relative logit error). A mirror image of
+the FP8 rounding applied to the bf16 weights (no FP8 code involved) broke the top-5 rule at 4% / 10% / 6.5% of
+positions, and FP8 itself at 5-9% / 16-21% / 16-29%: at the full 8B width the rule fails by chance, not because
+of a bug. bf16 itself stays within 1.5-2.2% of fp32 there, so the model is not chaotic, only flat.
+The rule used instead is relative: FP8 must stay within a small factor of that mirror image (its "noise twin"),
+which a kernel bug (a wrong split-K sum, K tail or scale, a skipped column: errors of order 100% in a GEMM) exceeds
+by far. Scale-index bugs are the kernel tests' business (random weights give every block nearly the same scale).
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from hf_compare import check_logprobs_close, nv_with_logprobs
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TOP_K = 5
 SHORT, LONG = (5, 12, 16), (40, 200, 17)    # prompt lengths: <= 16 rows take the FP8 skinny GEMM (W8A16), more W8A8
-# How far FP8's relative logit error may exceed the noise twin's (measured on CPU, width 512, 36 layers:
-# W8A16 0.98x, W8A8 1.19x; W8A8 also rounds the activations to e4m3, about as much error again per GEMM).
-W8A16_FACTOR, W8A8_FACTOR = 1.3, 1.6
+# How far FP8's relative logit error may exceed the noise twin's. W8A16 has the twin's error sizes exactly (measured
+# on the CPU models above: 0.98-1.01x); W8A8 also rounds the activations to e4m3 per 128 channels, independent errors
+# of about the weights' size, so about sqrt(2) = 1.41x (measured 1.19x / 1.23x / 1.33x, rising with the width).
+W8A16_FACTOR, W8A8_FACTOR = 1.3, 1.8
 
 
 @pytest.mark.gpu
