@@ -18,6 +18,7 @@ by far. Scale-index bugs are the kernel tests' business (random weights give eve
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -86,7 +87,7 @@ def test_fp8_logits_deviate_from_bf16_like_weight_rounding() -> None:
     prompts = {n: torch.randint(0, 10000, (n,), generator=gen).cuda() for n in SHORT + LONG}
 
     @torch.no_grad()
-    def logits(model: torch.nn.Module, lengths: tuple[int, ...]) -> torch.Tensor:
+    def logits(model: Qwen3ForCausalLM, lengths: tuple[int, ...]) -> torch.Tensor:
         out = []
         for n in lengths:
             with forward_context(cacheless_prefill_context([n], get_backend("torch"))):
@@ -94,10 +95,11 @@ def test_fp8_logits_deviate_from_bf16_like_weight_rounding() -> None:
                 out.append(model.compute_logits(hidden).float())                       # [n, V]
         return torch.cat(out)
 
-    fp8 = build_model(Qwen3ForCausalLM, config, path, dtype=torch.bfloat16, device="cuda", quantization="fp8")
+    fp8 = cast(Qwen3ForCausalLM, build_model(Qwen3ForCausalLM, config, path, dtype=torch.bfloat16, device="cuda",
+                                             quantization="fp8"))
     fp8_logits = {lengths: logits(fp8, lengths) for lengths in (SHORT, LONG)}
     del fp8
-    model = build_model(Qwen3ForCausalLM, config, path, dtype=torch.bfloat16, device="cuda")
+    model = cast(Qwen3ForCausalLM, build_model(Qwen3ForCausalLM, config, path, dtype=torch.bfloat16, device="cuda"))
     bf16_logits = {lengths: logits(model, lengths) for lengths in (SHORT, LONG)}
     with torch.no_grad():
         for layer in model.modules():
