@@ -92,6 +92,15 @@ def test_a_real_projection_shape(interp: ModuleType, poisoned: SplitKWorkspace, 
     assert torch.equal(x, x0)
 
 
+@pytest.mark.parametrize("m,config", [(1, SkinnyGemmConfig(block_n=32, block_k=512, split_k=2, use_dot=False)),
+                                      (16, SkinnyGemmConfig(block_n=32, block_k=128, split_k=2, use_dot=True))])
+def test_the_8b_down_reduction_length(interp: ModuleType, poisoned: SplitKWorkspace, m: int,
+                                      config: SkinnyGemmConfig) -> None:
+    """K 12288 (Qwen3-8B's down: 96 scale blocks along K) in down's kinds of configuration, N cut to 256."""
+    x, w_q, scale, _ = operands(m, 12288, 256, torch.bfloat16, bias=False, seed=12288 + m)
+    check(interp, interp.fp8_skinny_gemm(x, w_q, scale, config=config), x, w_q, scale, None, gated=False)
+
+
 # (m, k, rows, gated, config): N tails (200, 130 rows), scale rows cut at 128 inside the grid, K tails, split-K over
 # 2-3 programs, one K tile per program (k_per_split == block_k), both inner products, gated with an up offset that
 # is not a multiple of 128 (96 columns: tiles narrowed to 32 so none straddles a scale row).
