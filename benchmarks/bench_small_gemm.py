@@ -8,12 +8,17 @@ through enough copies of the weight (and of x) that every call reads its weight 
 50 MB L2 of an H200; microseconds per call are the median over graph replays. Prints per shape: torch us,
 best skinny us and its configuration, the weight's GB/s, the speedup; writes JSON, and with --table the
 winners as `TUNED_CONFIGS` entries to paste into nv_kernels/skinny_gemm_config.py.
+--fp8: the same projections with block-FP8 weights: per projection and M, the bf16 skinny GEMM (bf16 weights, the
+layers' configuration) against the FP8 skinny GEMM (the layers' configuration and the fastest of a sweep) and the
+W8A8 block GEMM, in us and GB/s of the weight read (FP8: codes and scales); an M over 16 (--m 256) times torch's
+bf16 GEMM against the W8A8 block GEMM alone (the large-batch path); --table then prints
+`FP8_TUNED_CONFIGS` entries for nv_kernels/fp8_skinny_gemm_config.py.
 The projections after a norm (qkv, gate_up) are also timed with the add + RMSNorm: the unfused pair (the
 fused_norm kernel, then the faster of torch and the best skinny configuration) against `skinny_norm_gemm`
 with the configuration the layers choose and with the three fastest plain configurations.
 
     PYTHONPATH=$(ls -d packages/*/src | tr '\\n' :) python3 benchmarks/bench_small_gemm.py [--json out.json]
-        [--table] [--models 0.6b,8b] [--m 1,2,4,8,16] [--full]
+        [--table] [--models 0.6b,8b] [--m 1,2,4,8,16] [--full] [--fp8]
 """
 from __future__ import annotations
 
@@ -29,9 +34,13 @@ import torch.nn.functional as F
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
+from nv_kernels.fp8_block_gemm import fp8_block_gemm_triton, quantize_fp8_block
+from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_torch
+from nv_kernels.fp8_skinny_gemm_config import choose_fp8_config, fit_to_scale_blocks
 from nv_kernels.fused_act import silu_and_mul_triton
 from nv_kernels.fused_norm import rms_norm_triton
 from nv_kernels.skinny_gemm import (
+    MAX_M,
     skinny_gemm,
     skinny_gemm_torch,
     skinny_norm_gemm,
@@ -178,6 +187,88 @@ def bench_norm_fused(xs: list[torch.Tensor], weights: list[torch.Tensor], rows: 
     return {"norm_us": norm_us, "unfused_us": unfused_us, "fused_us": fused}
 
 
+def fp8_sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemmConfig]:
+    """The FP8 layers' configuration first, then a grid: the CUDA-core GEMV at M = 1 (one K tile per program
+    among them), tl.dot above; tiles fitted to the scale blocks (fp8_skinny_gemm does the same at launch)."""
+    configs = [choose_fp8_config(rows, k, m, gated)]
+    n_out = rows // 2 if gated else rows
+    widest = min(4096, 1 << (k - 1).bit_length())              # a whole row of K 4096 per program at most
+    if m == 1:
+        grid = itertools.product((2, 4, 8, 16, 32) if full else (4, 8, 16), (512, 1024, 2048, widest) if full else
+                                 (1024, 2048, widest), (1, 2, 4) if full else (1, 2), (4, 8), (False,))
+    else:
+        grid = itertools.product((16, 32, 64) if full else (16, 32), (64, 128, 256) if full else (128, 256),
+                                 (1, 2, 4) if full else (1, 2), (4, 8) if full else (4,), (True,))
+    for bn, bk, sk, nw, dot in grid:
+        if k // sk < bk or (not dot and bn * bk > 32 * 128 * nw):   # the GEMV: at most 128 fp32 lanes a thread
+            continue
+        stages = 1 if bk * sk >= k else (2 if m == 1 else 4)
+        cfg = fit_to_scale_blocks(SkinnyGemmConfig(block_n=bn, block_k=bk, split_k=sk, num_warps=nw,
+                                                   num_stages=stages, use_dot=dot), n_out, gated)
+        if cfg not in configs:
+            configs.append(cfg)
+    return configs
+
+
+def bench_fp8_shape(name: str, rows: int, k: int, gated: bool, m: int, full: bool) -> dict:
+    """One projection with FP8 weights: the bf16 skinny GEMM (the layers' configuration) on bf16 weights, the FP8
+    skinny GEMM (the layers' configuration, then fp8_sweep's) and the W8A8 block GEMM on the same weights
+    quantized; GB/s = the weight's bytes (FP8: codes and scales) over the time per call."""
+    bf16_bytes = rows * k * DTYPE.itemsize
+    fp8_bytes = rows * k + math.ceil(rows / 128) * math.ceil(k / 128) * 4
+    copies = max(1, min(MAX_COPIES, math.ceil(2 * L2_BYTES / fp8_bytes)))
+    bf16_copies = max(1, min(MAX_COPIES, math.ceil(2 * L2_BYTES / bf16_bytes)))
+    calls = max(copies, 20)
+    gen = torch.Generator(device="cuda").manual_seed(rows + k + m)
+    weights = [(torch.randn(rows, k, device="cuda", generator=gen) * k ** -0.5).to(DTYPE) for _ in range(copies)]
+    quantized = [quantize_fp8_block(w) for w in weights]
+    weights = weights[:bf16_copies]
+    xs = [torch.randn(m, k, device="cuda", generator=gen).to(DTYPE) for _ in range(copies)]
+    ref = fp8_skinny_gemm_torch(xs[0].float(), *quantized[0], gated=gated)
+
+    def gbs(nbytes: int, us: float) -> float:
+        return nbytes / us / 1e3
+
+    large = m > MAX_M   # past the skinny GEMMs (prefill, large batches): torch's bf16 GEMM against W8A8
+    if large:
+        bf16_us = graph_us([lambda i=i: F.linear(xs[i % copies], weights[i % bf16_copies]) for i in range(calls)])
+    else:
+        bf16_us = graph_us([lambda i=i: skinny_gemm(xs[i % copies], weights[i % bf16_copies], gated=gated)
+                            for i in range(calls)])
+    block_us = float("nan")
+    if not gated or large:   # the block GEMM has no SiLU-and-mul epilogue: gate_up alone only where no skinny runs
+        block_us = graph_us([lambda i=i: fp8_block_gemm_triton(xs[i % copies], *quantized[i % copies])
+                             for i in range(calls)])
+    if large:
+        print(f"{name:14s} M={m:<4d} bf16 torch {bf16_us:8.2f} us | W8A8 {block_us:8.2f} us "
+              f"(x{bf16_us / block_us:4.2f})")
+    results, failed = [], []
+    for cfg in [] if large else fp8_sweep(rows, k, m, gated, full):
+        try:
+            err = relative_error(fp8_skinny_gemm(xs[0], *quantized[0], gated=gated, config=cfg), ref)
+        except (OutOfResources, CompilationError):
+            continue
+        if not err < TOLERANCE[gated]:
+            failed.append({"config": cfg.__dict__, "rel_err": err})
+            continue
+        us = graph_us([lambda i=i, cfg=cfg: fp8_skinny_gemm(xs[i % copies], *quantized[i % copies], gated=gated,
+                                                            config=cfg) for i in range(calls)])
+        results.append({"config": cfg.__dict__, "us": us, "rel_err": err})
+    best = min(results, key=lambda r: r["us"]) if results else None
+    layers_us = results[0]["us"] if results and results[0]["config"] == choose_fp8_config(
+        rows, k, m, gated).__dict__ else float("nan")
+    if best is not None:
+        print(f"{name:14s} M={m:<2d} bf16 skinny {bf16_us:7.2f} us {gbs(bf16_bytes, bf16_us):5.0f} GB/s | fp8 "
+              f"skinny {layers_us:7.2f} us {gbs(fp8_bytes, layers_us):5.0f} GB/s, best {best['us']:7.2f} us "
+              f"{gbs(fp8_bytes, best['us']):5.0f} GB/s (x{bf16_us / best['us']:4.2f}) | W8A8 {block_us:7.2f} us  "
+              f"{best['config']}")
+    for f in failed:
+        print(f"  FAILED {name} M={m}: rel err {f['rel_err']:.3g} with {f['config']}")
+    return {"model_proj": name, "rows": rows, "k": k, "gated": gated, "m": m, "bf16_us": bf16_us,
+            "fp8_layers_us": layers_us, "w8a8_us": block_us, "fp8_bytes": fp8_bytes, "bf16_bytes": bf16_bytes,
+            "best": best, "failed": failed, "all": results}
+
+
 def table(rows: list[dict]) -> str:
     lines = []
     for r in rows:
@@ -194,9 +285,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default="bench_small_gemm.json")
     parser.add_argument("--models", default="0.6b,8b")
-    parser.add_argument("--m", default="1,2,4,8,16", help="batch sizes (rows of x), each at most 16")
+    parser.add_argument("--m", default="1,2,4,8,16", help="batch sizes (rows of x), each at most 16 but with --fp8")
     parser.add_argument("--full", action="store_true", help="a wider sweep (about four times longer)")
     parser.add_argument("--table", action="store_true", help="print the winners as TUNED_CONFIGS entries")
+    parser.add_argument("--fp8", action="store_true",
+                        help="FP8 weights: bf16 skinny against FP8 skinny (and W8A8) per projection, GB/s")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -205,13 +298,15 @@ def main() -> None:
     for model in args.models.split(","):
         for proj, (rows, k, gated) in SHAPES[model].items():
             for m in (int(v) for v in args.m.split(",")):
-                out.append(bench_shape(f"{model} {proj}", rows, k, gated, m, args.full))
+                bench = bench_fp8_shape if args.fp8 else bench_shape
+                out.append(bench(f"{model} {proj}", rows, k, gated, m, args.full))
                 torch.cuda.empty_cache()                      # the weight copies of the last shape
     failures = sum(len(r["failed"]) for r in out)
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": out, "failures": failures}, f, indent=1)
     if args.table:
-        print("\nTUNED_CONFIGS entries (weight rows, K, M bucket, gated):\n" + table(out))
+        print(f"\n{'FP8_' if args.fp8 else ''}TUNED_CONFIGS entries (weight rows, K, M bucket, gated):\n"
+              + table(out))
     print(f"\nwrote {args.json}; {failures} configurations failed the correctness check")
     if failures:
         raise SystemExit(1)

@@ -51,6 +51,24 @@ def test_kernel_matches_dequantize_then_matmul(kernel: ModuleType, m: int, n: in
     assert (got - exact).abs().max() < 0.1 * exact.abs().max()          # activation rounding only
 
 
+@pytest.mark.parametrize("m,n,k", [(3, 256, 12288), (20, 128, 4096), (70, 128, 6144)])
+def test_kernel_at_the_8b_reduction_lengths(kernel: ModuleType, m: int, n: int, k: int) -> None:
+    """Qwen3-8B's K (4096: qkv, o, gate_up; 12288: down; 6144: down's shard at TP 2), 96 activation groups and
+    weight block columns summed, at each tile shape (decode, mid-size, prefill rows); N cut to a few column blocks,
+    each weight block row with its own scale."""
+    from nv_kernels.fp8_block_gemm import fp8_block_gemm_triton
+
+    gen = torch.Generator().manual_seed(k + m)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    row_scale = 10.0 ** (2 * torch.rand(n, 1, generator=gen) - 1)
+    w_q, scale = quantize_fp8_block(torch.randn(n, k, generator=gen) * k ** -0.5 * row_scale)
+    got = fp8_block_gemm_triton(x, w_q, scale).float()
+    want = fp8_block_gemm_torch(x.float(), w_q, scale)
+    assert ((got - want).norm() / want.norm()).item() < 8e-3               # the output rounded to bf16 once
+    exact = x.float() @ dequantize_fp8_block(w_q, scale).T
+    assert ((got - exact).norm() / exact.norm()).item() < 0.05              # activation rounding only
+
+
 def test_activation_rounding_is_per_token_group() -> None:
     x = torch.ones(2, 256)
     x[0, :128] = 1000.0                                                 # a loud group does not mute its neighbour

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from nv_kernels.decode_rope import DecodeRope
+from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_applies
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
 from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies, skinny_norm_gemm, skinny_norm_gemm_applies
@@ -127,9 +128,10 @@ class DecoderAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up in one column-parallel GEMM.
 
-    At decode batch sizes (nv_kernels.skinny_gemm applies) SiLU-and-mul runs in that GEMM's epilogue:
-    this rank's weight is [gate_local; up_local], the stacked layout the gated kernel reads. INT4 weights do the
-    same at every batch size where the INT4 kernel runs (nv_kernels.int4_gemm)."""
+    At decode batch sizes (nv_kernels.skinny_gemm applies, or nv_kernels.fp8_skinny_gemm to block-FP8 weights)
+    SiLU-and-mul runs in that GEMM's epilogue: this rank's weight is [gate_local; up_local], the stacked layout
+    the gated kernels read. INT4 weights do the same at every batch size where the INT4 kernel runs
+    (nv_kernels.int4_gemm)."""
 
     def __init__(self, dims: DecoderDims, bias: bool = False) -> None:
         super().__init__()
@@ -145,6 +147,9 @@ class GatedMLP(nn.Module):
         act = gate_up.int4_silu_and_mul(x)                                 # INT4 weights: the same in one kernel
         if act is not None:
             return self.down_proj(act)
+        scale = gate_up.weight_scale_inv
+        if scale is not None and fp8_skinny_gemm_applies(x, gate_up.weight, scale, gate_up.bias):
+            return self.down_proj(fp8_skinny_gemm(x, gate_up.weight, scale, gate_up.bias, gated=True))
         return self.down_proj(self.act_fn(gate_up(x)))
 
 

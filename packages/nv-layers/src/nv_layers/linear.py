@@ -9,8 +9,10 @@ batches, other dtypes and CPU tensors use F.linear.
 `quantize_fp8_block()` turns a loaded layer into block-wise FP8 (nv_kernels.fp8_block_gemm): weight becomes
 float8_e4m3fn [out_local, in_local] with weight_scale_inv float32 [ceil(out_local/128), ceil(in_local/128)], the
 blocks cut from this rank's shard, and the GEMM becomes W8A8 (the Triton kernel on CUDA, dequantize + matmul in
-torch on CPU). Checkpoints that are FP8 already are dequantized as they load (nv_layers.loader), so every
-tensor-parallel split above works on plain tensors and the scales are always those of the local shard.
+torch on CPU), except at decode batch sizes on CUDA, where nv_kernels.fp8_skinny_gemm streams the FP8 weight
+with the activations kept in the model dtype (W8A16). Checkpoints that are FP8 already are dequantized as they
+load (nv_layers.loader), so every tensor-parallel split above works on plain tensors and the scales are always
+those of the local shard.
 
 INT4 weights (W4A16, groups of 128 inputs: AWQ / GPTQ checkpoints, nv_kernels.int4_gemm): `expect_int4_checkpoint()`
 replaces the weight by the canonical INT4 tensors of the local shard, as parameters named like the checkpoint's
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nv_kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_block
+from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_applies
 from nv_kernels.int4_gemm import GROUP, int4_gemm, int4_gemm_fused, pack_int4_weight, quantize_int4
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies
 from nv_layers.parallel_state import divide, get_tp_rank, get_tp_size, tp_all_reduce
@@ -57,6 +60,8 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in_local] @ weight^T (+ bias) -> [..., out_local], on this rank only."""
         if self.weight_scale_inv is not None:
+            if fp8_skinny_gemm_applies(x, self.weight, self.weight_scale_inv, bias):
+                return fp8_skinny_gemm(x, self.weight, self.weight_scale_inv, bias)
             return fp8_block_gemm(x, self.weight, self.weight_scale_inv, bias)
         if self.weight_zeros is not None and self.weight_scales is not None:
             return int4_gemm(x, self.weight, self.weight_scales, self.weight_zeros, bias)

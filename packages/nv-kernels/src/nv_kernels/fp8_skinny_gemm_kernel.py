@@ -1,0 +1,152 @@
+"""The FP8-weight skinny GEMM's Triton kernel: y[M, N] = x[M, K] @ dequant(W)[N, K]^T for M <= 16 (W8A16;
+nv_kernels.fp8_skinny_gemm launches it).
+
+W is block-FP8 (float8_e4m3fn [N_w, K], one fp32 scale per 128 x 128 block, S [ceil(N_w / 128), ceil(K / 128)]);
+x stays in the model dtype: at decode batch sizes the GEMM is bound by streaming W, and W8A16 reads half the
+bytes of bf16 weights without the activation-quantization pass (an amax per token per group) that W8A8 needs.
+The structure is the bf16 skinny GEMM's (nv_kernels.skinny_gemm_kernel, whose running sums and epilogue this
+kernel shares): each program owns BLOCK_N output columns and streams their weight rows along K; SPLIT_K programs per
+column block write fp32 partial sums to the shared split-K workspace and the last to arrive reduces them in split
+order and resets its counter (CUDA-graph safe, no fill per call).
+
+Dequantization: BLOCK_N divides 128 (and, with GATED, the up offset N), so a tile's rows share one scale row;
+the scales of its K lanes, s[k] = S[row, k // 128], are folded into x (xs = x * s, [M_PAD, BLOCK_K], cheap
+next to the [BLOCK_N, BLOCK_K] weight tile), and the e4m3 codes are only widened: fp32 for the CUDA-core paths
+(exact: fp32 products and sums), bf16 for tl.dot (codes exact in bf16; xs rounded to bf16 once, as a bf16 GEMM's
+input is).
+
+Variants (constexpr) as skinny_gemm_kernel's: USE_DOT (tensor cores, M padded to 16) or the CUDA-core
+multiply-reduce (the GEMV at M_PAD = 1), GATED (SiLU-and-mul of stacked [gate; up] in the epilogue), HAS_BIAS,
+ONE_TILE (one K tile per program, its weight tile and scales loaded before the dependent-launch wait).
+The scale block edge, 128, is written out in the kernel.
+"""
+# Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
+# num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
+# pyright: reportInvalidTypeForm=false, reportArgumentType=false, reportCallIssue=false
+# pyright: reportOptionalMemberAccess=false, reportOperatorIssue=false
+# pyright: reportAttributeAccessIssue=false
+from __future__ import annotations
+
+from nv_kernels.fused_dispatch import triton_jit
+from nv_kernels.skinny_gemm_kernel import _accumulate, _finish, _reduced, _zero_sums
+
+try:
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    tl = None
+
+
+@triton_jit
+def _scaled_x(x, s, USE_DOT: tl.constexpr):
+    """x [M_PAD, BLOCK_K] (model dtype) times the weight scales of its K lanes s [BLOCK_K] fp32: fp32, or bf16 (the
+    operand of tl.dot with the weight tile widened to bf16)."""
+    xs = x.to(tl.float32) * s[None, :]
+    if USE_DOT:
+        xs = xs.to(tl.bfloat16)
+    return xs
+
+
+@triton_jit
+def _widened(w, USE_DOT: tl.constexpr):
+    """The e4m3 tile as tl.dot's bf16 operand (exact), or as it is (_accumulate widens it to fp32 itself)."""
+    if USE_DOT:
+        w = w.to(tl.bfloat16)
+    return w
+
+
+@triton_jit(do_not_specialize=["M"])   # the batch size varies; M_PAD is its compile-time bucket
+def fp8_skinny_gemm_kernel(
+    X, W, S, BIAS, OUT, PART, COUNTERS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_sn, stride_om,
+    stride_pm, stride_ps, up_offset,
+    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
+    GATED: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr, ONE_TILE: tl.constexpr,
+):
+    # X [M, K] model dtype, W [N_w, K] e4m3 (N_w = 2N when GATED: the up rows of a column sit N rows, up_offset =
+    # N * stride_wn elements, further down), S fp32 [ceil(N_w / 128), ceil(K / 128)], OUT [M, N] model dtype.
+    # grid (cdiv(N, BLOCK_N), SPLIT_K); SPLIT_K > 1: PART fp32 [SPLIT_K, M, N_w] and COUNTERS int32 [cdiv(N,
+    # BLOCK_N)], all 0 on entry, as skinny_gemm_kernel's.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                          # [BLOCK_N] output columns
+    rm = tl.arange(0, M_PAD)                                              # [M_PAD] rows of x
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    m_mask = rm < M
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    s_gate = S + ((pid_n * BLOCK_N) // 128) * stride_sn                   # this tile's scale row (and up's)
+    s_up = S + ((N + pid_n * BLOCK_N) // 128) * stride_sn
+    w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K] at k = 0..
+    x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
+    # running sums as skinny_gemm_kernel keeps them (per K lane on the CUDA cores, reduced once after the loop)
+    gate_sums = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
+    up_sums = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
+    if ONE_TILE:   # the weight tile and its scales into registers first: before the dependent-launch wait
+        k_idx = k_lo + rk
+        k_mask = k_idx < k_hi
+        if EVEN_K:   # whole tiles: no K mask, the loads stay 16-byte vectors
+            k_mask = rk < BLOCK_K
+        w = tl.load(w_ptrs + k_lo, mask=n_mask[:, None] & k_mask[None, :], other=0.0)   # [BLOCK_N, BLOCK_K]
+        s = tl.load(s_gate + k_idx // 128, mask=k_mask, other=0.0)                     # [BLOCK_K]
+        w_up = w
+        s_u = s
+        if GATED:
+            w_up = tl.load(w_ptrs + up_offset + k_lo, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            s_u = tl.load(s_up + k_idx // 128, mask=k_mask, other=0.0)
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        x = tl.load(x_ptrs + k_lo, mask=m_mask[:, None] & k_mask[None, :], other=0.0)   # [M_PAD, BLOCK_K]
+        gate_sums = _accumulate(gate_sums, _scaled_x(x, s, USE_DOT), _widened(w, USE_DOT), M_PAD, USE_DOT,
+                                DOT_IN_FP32)
+        if GATED:
+            up_sums = _accumulate(up_sums, _scaled_x(x, s_u, USE_DOT), _widened(w_up, USE_DOT), M_PAD, USE_DOT,
+                                  DOT_IN_FP32)
+    else:
+        if USE_PDL:   # launched early: nothing but pointers before the wait
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
+            k_idx = k0 + rk
+            k_mask = k_idx < k_hi
+            if EVEN_K:
+                k_mask = rk < BLOCK_K
+            w_mask = n_mask[:, None] & k_mask[None, :]
+            w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)                           # [BLOCK_N, BLOCK_K] e4m3
+            w_up = w
+            if GATED:   # both tiles' loads in flight before either is used
+                w_up = tl.load(w_ptrs + up_offset + k0, mask=w_mask, other=0.0)
+            x = tl.load(x_ptrs + k0, mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [M_PAD, BLOCK_K]
+            s = tl.load(s_gate + k_idx // 128, mask=k_mask, other=0.0)                 # [BLOCK_K] fp32
+            gate_sums = _accumulate(gate_sums, _scaled_x(x, s, USE_DOT), _widened(w, USE_DOT), M_PAD, USE_DOT,
+                                    DOT_IN_FP32)
+            if GATED:
+                s_u = tl.load(s_up + k_idx // 128, mask=k_mask, other=0.0)
+                up_sums = _accumulate(up_sums, _scaled_x(x, s_u, USE_DOT), _widened(w_up, USE_DOT), M_PAD,
+                                      USE_DOT, DOT_IN_FP32)
+    acc = _reduced(gate_sums, M_PAD, USE_DOT)                             # [M_PAD, BLOCK_N] fp32
+    up = acc
+    if GATED:
+        up = _reduced(up_sums, M_PAD, USE_DOT)
+    mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
+    out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS), mask=mask)
+    else:
+        part_ptrs = PART + rm[:, None] * stride_pm + rn[None, :]
+        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
+        if GATED:
+            tl.store(part_ptrs + pid_k * stride_ps + N, up, mask=mask)
+        tl.debug_barrier()   # every thread's partial stores precede the release below
+        arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")       # splits of this block done before
+        if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
+            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+            up = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
+                acc += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+                if GATED:
+                    up += tl.load(part_ptrs + s * stride_ps + N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS),
+                     mask=mask)
+            tl.atomic_xchg(COUNTERS + pid_n, 0)                            # ready for the next call
