@@ -191,6 +191,24 @@ def test_fp8_decode_matches_reference(kernels: dict, poisoned: None, dtype: torc
     assert relative_error(ref.float(), dense.float()) < TOL
 
 
+def test_fp8_decode_at_the_engines_tile(kernels: dict, poisoned: None) -> None:
+    """The engine's FP8 launch on a GPU: choose_tile's tile (256 tokens) gathering four 64-token pages, token-major
+    V, one split; sequences of one tile, more than one and a partial last tile."""
+    from nv_kernels.decode_tuning import choose_tile
+
+    tile = choose_tile(64, 128, fp8=True)
+    seq_lens = [1, 300, 256, 70]
+    b = _batch(seq_lens, [1] * len(seq_lens), (4, 2), 64, seed=23)
+    k_cache, v_cache, k_scale, v_scale = _fp8_batch(b, torch.float8_e4m3fn, per_channel=True)
+    v_cache = to_token_major(v_cache)
+    q = b.q.to(torch.bfloat16)
+    out = kernels["decode"].decode_attention(q, k_cache, v_cache, b.seq_lens, b.block_tables, max_seqlen_k=512,
+                                             scale=0.25, num_splits=1, tile=tile, k_scale=k_scale, v_scale=v_scale)
+    ref = REF.decode(q, k_cache, v_cache, seq_lens=b.seq_lens, block_tables=b.block_tables, max_seqlen_k=512,
+                     scale=0.25, k_scale=k_scale, v_scale=v_scale)
+    assert tile == 256 and relative_error(out.float(), ref.float()) < TOL_16BIT
+
+
 @pytest.mark.parametrize("dtype,block_size,q_dtype,per_channel,token_major",
                          [(torch.float8_e4m3fn, 16, torch.float32, True, True),
                           (torch.float8_e5m2, 1, torch.bfloat16, False, False)])
