@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from nv_kernels.fused_dispatch import triton_jit
 from nv_kernels.skinny_gemm_kernel import _accumulate, _finish, _reduced, _zero_sums
+from nv_kernels.split_k_epilogue import split_k_epilogue
 
 try:
     import triton.language as tl
@@ -133,20 +134,7 @@ def fp8_skinny_gemm_kernel(
     out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
     if SPLIT_K == 1:
         tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS), mask=mask)
-    else:
+    else:   # partials in PART; the last split of this column block to arrive reduces them and finishes
         part_ptrs = PART + rm[:, None] * stride_pm + rn[None, :]
-        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
-        if GATED:
-            tl.store(part_ptrs + pid_k * stride_ps + N, up, mask=mask)
-        tl.debug_barrier()   # every thread's partial stores precede the release below
-        arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")       # splits of this block done before
-        if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
-            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-            up = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
-                acc += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    up += tl.load(part_ptrs + s * stride_ps + N, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS),
-                     mask=mask)
-            tl.atomic_xchg(COUNTERS + pid_n, 0)                            # ready for the next call
+        split_k_epilogue(acc, up, part_ptrs, out_ptrs, mask, COUNTERS, pid_n, pid_k, stride_ps, N, SPLIT_K, _finish,
+                         BIAS, OUT, rn[None, :], n_mask[None, :], GATED, HAS_BIAS)

@@ -45,6 +45,7 @@ by 12. So a code costs one logic op (mask and OR) and one fma: decode is bound b
 from __future__ import annotations
 
 from nv_kernels.fused_dispatch import triton_jit
+from nv_kernels.split_k_epilogue import split_k_epilogue
 
 try:
     import triton.language as tl
@@ -168,18 +169,6 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
     else:
         part_cols = N * 2 if GATED else N
         part_ptrs = PART + rm[:, None] * part_cols + rn[None, :]
-        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
-        if GATED:
-            tl.store(part_ptrs + pid_k * stride_ps + N, up, mask=mask)
-        tl.debug_barrier()   # every thread's partial stores precede the release below
-        arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")               # splits of this block done before
-        if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
-                # .cg: read L2, never a line of this buffer an earlier call left in this SM's L1
-                acc += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    up += tl.load(part_ptrs + s * stride_ps + N, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, _finish(acc, up, BIAS, OUT, rn, n_mask, N, GATED, HAS_BIAS), mask=mask)
-            tl.atomic_xchg(COUNTERS + pid_n, 0)                                   # ready for the next call
+        # SPLIT_K is a run-time integer here: the last split's reduction is a loop, not unrolled
+        split_k_epilogue(acc, up, part_ptrs, out_ptrs, mask, COUNTERS, pid_n, pid_k, stride_ps, N, SPLIT_K, _finish,
+                         BIAS, OUT, rn, n_mask, GATED, HAS_BIAS)

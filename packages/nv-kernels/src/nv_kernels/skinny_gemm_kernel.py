@@ -24,8 +24,9 @@ Variants (constexpr):
 Numerics as torch's path in the model dtype: fp32 accumulation, the GEMM result (plus bias) rounded to the
 dtype; gated: silu in fp32 rounded to the dtype, the product in fp32 rounded once more (nv_kernels.fused_act).
 
-Only builtins and jit helpers of this module inside the kernel: Triton resolves a helper through the
-kernel's module globals (and see fused_norm's note on the interpreter).
+Only builtins and jit helpers of this module (split_k_epilogue's, for the split-K epilogue, imported into it)
+inside the kernel: Triton resolves a helper through the kernel's module globals (and see fused_norm's note on the
+interpreter).
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -36,6 +37,7 @@ kernel's module globals (and see fused_norm's note on the interpreter).
 from __future__ import annotations
 
 from nv_kernels.fused_dispatch import triton_jit
+from nv_kernels.split_k_epilogue import split_k_epilogue
 
 try:
     import triton.language as tl
@@ -295,21 +297,7 @@ def skinny_gemm_kernel(
     if SPLIT_K == 1:
         y = _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS)
         tl.store(out_ptrs, y, mask=mask)
-    else:
+    else:   # partials in PART; the last split of this column block to arrive reduces them and finishes
         part_ptrs = PART + rm[:, None] * stride_pm + rn[None, :]
-        tl.store(part_ptrs + pid_k * stride_ps, acc, mask=mask)
-        if GATED:
-            tl.store(part_ptrs + pid_k * stride_ps + N, up, mask=mask)
-        tl.debug_barrier()   # every thread's partial stores precede the release below
-        arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel")       # splits of this block done before
-        if arrived == SPLIT_K - 1:   # the last one: the others' partials are visible (acquire)
-            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-            up = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT_K):   # split order: the sum does not depend on which program came last
-                # .cg: read L2, never a line of this buffer an earlier call left in this SM's L1
-                acc += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    up += tl.load(part_ptrs + s * stride_ps + N, mask=mask, other=0.0, cache_modifier=".cg")
-            y = _finish(acc, up, BIAS, OUT, rn[None, :], n_mask[None, :], N, GATED, HAS_BIAS)
-            tl.store(out_ptrs, y, mask=mask)
-            tl.atomic_xchg(COUNTERS + pid_n, 0)                            # ready for the next call
+        split_k_epilogue(acc, up, part_ptrs, out_ptrs, mask, COUNTERS, pid_n, pid_k, stride_ps, N, SPLIT_K, _finish,
+                         BIAS, OUT, rn[None, :], n_mask[None, :], GATED, HAS_BIAS)
