@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from nv_engine.engine.engine_dead_error import EngineDeadError
 from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
@@ -38,6 +38,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.entrypoints.server.sse_response import EventStreamResponse
 from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
 from nv_engine.sampling_params import RequestOutputKind
 
@@ -164,8 +165,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     run = _ChatRun(state, req, model, request_id, len(ids), top_logprobs,
                    {i: plan.output_parser(prompt_tail) for i in range(req.n)})
     if req.stream:
-        return StreamingResponse(run.events(stream), media_type="text/event-stream",
-                                 headers=engine_headers(stream))
+        return EventStreamResponse(run.events(stream), headers=engine_headers(stream))
     body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
     return JSONResponse(body, headers=engine_headers(stream))
 

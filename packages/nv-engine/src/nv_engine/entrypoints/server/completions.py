@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from nv_engine.engine.engine_dead_error import EngineDeadError
 from nv_engine.entrypoints.server.engine_loop import OutputStream
@@ -32,6 +32,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.entrypoints.server.sse_response import EventStreamResponse
 from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
 from nv_engine.sampling_params import RequestOutputKind
 
@@ -88,8 +89,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         raise engine_error(exc) from exc
     run = _CompletionRun(state, req, model, request_id, prompts)
     if req.stream:
-        return StreamingResponse(run.events(stream), media_type="text/event-stream",
-                                 headers=engine_headers(stream))
+        return EventStreamResponse(run.events(stream), headers=engine_headers(stream))
     body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
     return JSONResponse(body, headers=engine_headers(stream))
 
