@@ -182,6 +182,7 @@ class _ChatRun:
         self.num_cached_tokens = 0
         self.prompt_logprobs: list[dict | None] | None = None
         self.encoder = StreamChunkEncoder(request_id, model)
+        self.continuous_usage = req.continuous_usage      # read per chunk
 
     def _apply(self, outputs: list[Any]) -> set[int]:
         changed = set()
@@ -209,7 +210,7 @@ class _ChatRun:
         if choice is not None:
             # the choice's usage so far, as vLLM (continuous_usage_stats)
             so_far = ((self.num_prompt_tokens, len(self.choices[choice.index].token_ids))
-                      if self.req.continuous_usage else None)
+                      if self.continuous_usage else None)
             delta = choice.delta
             if choice.logprobs is None and delta.tool_calls is None:     # the plain chunk, without pydantic
                 return self.encoder.chat(choice.index, delta.role, delta.content, delta.reasoning,

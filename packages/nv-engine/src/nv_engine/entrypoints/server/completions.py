@@ -109,6 +109,7 @@ class _CompletionRun:
         self.prompt_logprobs: list[list[dict | None] | None] = [None] * len(prompts)   # per prompt
         self.prompt_logprobs_sent: set[int] = set()   # streamed choices that carried them
         self.encoder = StreamChunkEncoder(request_id, model)
+        self.continuous_usage = req.continuous_usage      # read per chunk
 
     def _echo(self, choice: ChoiceState) -> str:
         text, ids = self.prompts[choice.index // self.req.n]
@@ -137,7 +138,7 @@ class _CompletionRun:
 
     def _choice_counts(self, c: ChoiceState) -> tuple[int, int] | None:
         """stream_options.continuous_usage_stats: (the choice's prompt tokens, its tokens so far), as vLLM."""
-        if not self.req.continuous_usage:
+        if not self.continuous_usage:
             return None
         return len(self.prompts[c.index // self.req.n][1]), len(c.token_ids)
 
