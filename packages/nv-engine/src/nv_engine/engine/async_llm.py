@@ -9,7 +9,7 @@ as a finish message (the core may compute a token or two more, dropped here).
 Outputs are CUMULATIVE by default: each RequestOutput carries its request's full text and token ids so
 far (every step with news, then the finished one); SamplingParams.output_kind DELTA sends only what is
 new. The OutputProcessor runs in the receiver thread (off the asyncio loop), under a lock shared with
-abort; each request's outputs reach its asyncio.Queue through `loop.call_soon_threadsafe`, so
+abort; each request's outputs reach its OutputQueue through `loop.call_soon_threadsafe`, so
 requests of several event loops work. Adding a request never waits for that lock (the receiver holds it
 for milliseconds per step at a full batch, and a wave of arriving requests would stall the event loop
 behind it): the request goes to a queue of arrivals, which whoever takes the lock next registers first.
@@ -35,6 +35,7 @@ from nv_engine.engine.data_parallel_client import DataParallelCoreClient
 from nv_engine.engine.engine_dead_error import EngineDeadError
 from nv_engine.engine.engine_requests import Prompt, Tokenizer, eos_token_ids, load_tokenizer
 from nv_engine.engine.output_processor import OutputProcessor
+from nv_engine.engine.output_queue import OutputQueue
 from nv_engine.engine.output_stream import OutputStream
 from nv_engine.engine.outputs import RequestOutput
 from nv_engine.engine.request_preparer import RequestPreparer
@@ -60,7 +61,7 @@ class StatLogger(Protocol):
 class _Route:
     """Where one request's outputs go: its stream's queue, on the loop that awaits it."""
 
-    queue: asyncio.Queue
+    queue: OutputQueue
     loop: asyncio.AbstractEventLoop
     arrival_time: float
 
@@ -201,7 +202,7 @@ class AsyncLLM:
         else:
             prepared = self._prepare_all(requests)
         self._check_running()
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = OutputQueue()
         now = time.monotonic()
         core_requests = []
         with self._ids_lock:
@@ -356,7 +357,7 @@ class AsyncLLM:
 
     @staticmethod
     def _deliver(deliveries: list[tuple[_Route, RequestOutput | BaseException]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput | BaseException]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputQueue, RequestOutput | BaseException]]] = {}
         for route, item in deliveries:
             by_loop.setdefault(route.loop, []).append((route.queue, item))
         for loop, items in by_loop.items():
@@ -393,6 +394,6 @@ class AsyncLLM:
         self.shutdown()
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput | BaseException]]) -> None:
+def _put_all(items: list[tuple[OutputQueue, RequestOutput | BaseException]]) -> None:
     for queue, item in items:
         queue.put_nowait(item)

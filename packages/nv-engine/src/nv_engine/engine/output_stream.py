@@ -1,10 +1,10 @@
 """OutputStream: the RequestOutputs of one or more engine requests, merged in arrival order."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from nv_engine.engine.output_queue import OutputQueue
 from nv_engine.engine.outputs import RequestOutput
 
 
@@ -18,7 +18,7 @@ class OutputStream:
     core refused the request) is raised. Leaving the iteration early (client gone, task cancelled,
     error) aborts the requests not finished yet."""
 
-    def __init__(self, engine: Aborter, request_ids: list[str], out_queue: asyncio.Queue) -> None:
+    def __init__(self, engine: Aborter, request_ids: list[str], out_queue: OutputQueue) -> None:
         self._engine = engine
         self._queue = out_queue      # of RequestOutput | BaseException
         self.unfinished = set(request_ids)
@@ -26,9 +26,7 @@ class OutputStream:
         self.engine_indices: list[int] | None = None
 
     async def next_outputs(self) -> list[RequestOutput]:
-        items = [await self._queue.get()]
-        while not self._queue.empty():
-            items.append(self._queue.get_nowait())
+        items: list[RequestOutput] = await self._queue.get_all()
         for item in items:
             if isinstance(item, BaseException):
                 self.abort()                # the others of this call end too

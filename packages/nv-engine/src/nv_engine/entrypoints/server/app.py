@@ -82,7 +82,9 @@ def create_app(state: ServerState, *, cors: dict[str, Any] | None = None, root_p
         app.add_middleware(CORSMiddleware, **cors)
     app.state.nv = state
     install_error_handlers(app)
-    app.add_middleware(RequestGuard, state=state)   # auth and body size before any parsing
+    # auth and body size before any parsing. A middleware added before it (inside it) must leave body messages
+    # as they are: a streamed response sends them past it (EventStreamResponse).
+    app.add_middleware(RequestGuard, state=state)
 
     v1 = APIRouter(prefix="/v1")
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from nv_engine.engine.engine_dead_error import EngineDeadError
 from nv_engine.entrypoints.server.chat_output_parser import ChatOutputParser
@@ -38,6 +38,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.entrypoints.server.sse_response import EventStreamResponse
 from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
 from nv_engine.sampling_params import RequestOutputKind
 
@@ -164,8 +165,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     run = _ChatRun(state, req, model, request_id, len(ids), top_logprobs,
                    {i: plan.output_parser(prompt_tail) for i in range(req.n)})
     if req.stream:
-        return StreamingResponse(run.events(stream), media_type="text/event-stream",
-                                 headers=engine_headers(stream))
+        return EventStreamResponse(run.events(stream), headers=engine_headers(stream))
     body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
     return JSONResponse(body, headers=engine_headers(stream))
 
@@ -182,6 +182,7 @@ class _ChatRun:
         self.num_cached_tokens = 0
         self.prompt_logprobs: list[dict | None] | None = None
         self.encoder = StreamChunkEncoder(request_id, model)
+        self.continuous_usage = req.continuous_usage      # read per chunk
 
     def _apply(self, outputs: list[Any]) -> set[int]:
         changed = set()
@@ -209,7 +210,7 @@ class _ChatRun:
         if choice is not None:
             # the choice's usage so far, as vLLM (continuous_usage_stats)
             so_far = ((self.num_prompt_tokens, len(self.choices[choice.index].token_ids))
-                      if self.req.continuous_usage else None)
+                      if self.continuous_usage else None)
             delta = choice.delta
             if choice.logprobs is None and delta.tool_calls is None:     # the plain chunk, without pydantic
                 return self.encoder.chat(choice.index, delta.role, delta.content, delta.reasoning,

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from nv_engine.engine.engine_dead_error import EngineDeadError
 from nv_engine.entrypoints.server.engine_loop import OutputStream
@@ -32,6 +32,7 @@ from nv_engine.entrypoints.server.serving import (
     engine_headers,
     run_unless_disconnected,
 )
+from nv_engine.entrypoints.server.sse_response import EventStreamResponse
 from nv_engine.entrypoints.server.stream_chunk_encoder import StreamChunkEncoder
 from nv_engine.sampling_params import RequestOutputKind
 
@@ -88,8 +89,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
         raise engine_error(exc) from exc
     run = _CompletionRun(state, req, model, request_id, prompts)
     if req.stream:
-        return StreamingResponse(run.events(stream), media_type="text/event-stream",
-                                 headers=engine_headers(stream))
+        return EventStreamResponse(run.events(stream), headers=engine_headers(stream))
     body = await run_unless_disconnected(run.collect(stream), raw.receive, stream.abort)
     return JSONResponse(body, headers=engine_headers(stream))
 
@@ -109,6 +109,7 @@ class _CompletionRun:
         self.prompt_logprobs: list[list[dict | None] | None] = [None] * len(prompts)   # per prompt
         self.prompt_logprobs_sent: set[int] = set()   # streamed choices that carried them
         self.encoder = StreamChunkEncoder(request_id, model)
+        self.continuous_usage = req.continuous_usage      # read per chunk
 
     def _echo(self, choice: ChoiceState) -> str:
         text, ids = self.prompts[choice.index // self.req.n]
@@ -137,7 +138,7 @@ class _CompletionRun:
 
     def _choice_counts(self, c: ChoiceState) -> tuple[int, int] | None:
         """stream_options.continuous_usage_stats: (the choice's prompt tokens, its tokens so far), as vLLM."""
-        if not self.req.continuous_usage:
+        if not self.continuous_usage:
             return None
         return len(self.prompts[c.index // self.req.n][1]), len(c.token_ids)
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nv_engine.engine.output_queue import OutputQueue
 from nv_engine.engine.output_stream import OutputStream
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.metrics import ServerMetrics
@@ -37,7 +38,7 @@ class RequestStream:
     requests of one HTTP call share)."""
 
     request_id: str
-    queue: asyncio.Queue                 # of RequestOutput | BaseException
+    queue: OutputQueue                   # of RequestOutput | BaseException
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     last_token_time: float = 0.0
@@ -86,7 +87,7 @@ class AsyncEngine:
             raise APIError("The engine is not running.", status=503)
         if self._loop is None:  # is_alive implies a loop; kept explicit for the type checker and -O
             raise APIError("The engine is not running.", status=503)
-        out_queue: asyncio.Queue = asyncio.Queue()
+        out_queue = OutputQueue()
         accepted = []
         for request_id, prompt, params in requests:
             fut = self._loop.create_future()

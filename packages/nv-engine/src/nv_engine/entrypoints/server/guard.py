@@ -14,6 +14,7 @@ from typing import Any
 
 from nv_engine.entrypoints.server.errors import APIError
 from nv_engine.entrypoints.server.serving import ServerState
+from nv_engine.entrypoints.server.sse_response import BODY_SEND_KEY
 
 logger = logging.getLogger("nv_engine.entrypoints.server")
 
@@ -47,6 +48,9 @@ class RequestGuard:
             path = path[len(root_path):]
         request_id = f"req-{uuid.uuid4().hex[:16]}"
         started = False
+        # A streamed response sends its body chunks here, past tracked_send and the wrappers inside it
+        # (EventStreamResponse): only the response start matters to them.
+        scope[BODY_SEND_KEY] = send
 
         async def tracked_send(message: Message) -> None:
             nonlocal started
