@@ -3,30 +3,17 @@ at each of its tile shapes (decode, mid-size and prefill batches), within an SM'
 tests (test_fp8_block_gemm) check numerics; this catches what only the compiler refuses."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-SM90_SHARED_MEMORY = 227 * 1024
-
-
-def _ptxas_available() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None:
-        return False
-    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+from nv_kernels.testing import SM90_SHARED_MEMORY, ptxas_available, run_compile_script
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _ptxas_available(), reason="needs triton with its NVIDIA backend (ptxas)")
+@pytest.mark.skipif(not ptxas_available(), reason="needs triton with its NVIDIA backend (ptxas)")
 def test_fp8_block_gemm_compiles_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    result = run_compile_script(__file__, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "compiled 3 tile shapes" in result.stdout
 

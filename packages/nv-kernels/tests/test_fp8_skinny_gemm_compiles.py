@@ -5,34 +5,24 @@ registers to local memory. The interpreter tests (test_fp8_skinny_gemm) check nu
 compiler refuses or makes slow."""
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-SM90_SHARED_MEMORY = 227 * 1024
+from nv_kernels.testing import SM90_SHARED_MEMORY, ptxas_available, run_compile_script
+
 # (weight rows, K, M, gated): Qwen3-8B qkv, gate_up and down at one row, gate_up and o at 16 rows
 VARIANTS = [(6144, 4096, 1, False), (24576, 4096, 1, True), (4096, 12288, 1, False), (24576, 4096, 16, True),
             (4096, 4096, 16, False)]
 
 
-def _ptxas_available() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None:
-        return False
-    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _ptxas_available(), reason="needs triton with its NVIDIA backend (ptxas)")
+@pytest.mark.skipif(not ptxas_available(), reason="needs triton with its NVIDIA backend (ptxas)")
 def test_fp8_skinny_gemm_compiles_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    result = run_compile_script(__file__, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"compiled {len(VARIANTS)} variants" in result.stdout
 

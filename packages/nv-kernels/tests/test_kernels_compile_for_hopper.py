@@ -6,31 +6,18 @@ kernels in Triton's interpreter, which accepts code the compiler refuses (a cons
 mismatch between branches); this compiles them for real in a subprocess without TRITON_INTERPRET."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-SM90_SHARED_MEMORY = 227 * 1024     # the most shared memory one program may have on an H100 / H200
-
-
-def _ptxas_available() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None:
-        return False
-    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+from nv_kernels.testing import SM90_SHARED_MEMORY, ptxas_available, run_compile_script
 
 
 @pytest.mark.slow   # about 5 s on two cores
-@pytest.mark.skipif(not _ptxas_available(), reason="needs triton with its NVIDIA backend (ptxas)")
+@pytest.mark.skipif(not ptxas_available(), reason="needs triton with its NVIDIA backend (ptxas)")
 def test_decode_kernels_compile_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)          # compile, never reuse a cached binary
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    result = run_compile_script(__file__, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "compiled 4 kernels" in result.stdout
 

@@ -3,10 +3,14 @@ kernel modules imported for the interpreter."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -195,3 +199,22 @@ def _value_order(codes: Tensor) -> Tensor:
     signed = codes.to(torch.int16)
     magnitude = signed & 0x7F
     return torch.where(signed >= 0x80, -magnitude, magnitude)
+
+
+SM90_SHARED_MEMORY = 227 * 1024     # the most shared memory one program may have on an H100 / H200
+
+
+def ptxas_available() -> bool:
+    """Whether triton carries its NVIDIA backend's ptxas, so kernels compile for a GPU on a machine without one."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return False
+    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+def run_compile_script(script: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
+    """Run `script` (a compile test module run as a program) with Triton's compiler, not its interpreter, into the
+    empty cache `cache_dir` (compile, never reuse a cached binary)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache_dir)
+    return subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=900)

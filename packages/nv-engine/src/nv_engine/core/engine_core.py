@@ -37,18 +37,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nv_engine.config.engine_config import EngineConfig
 from nv_engine.core.engine_core_outputs import EngineCoreOutputs
 from nv_engine.core.engine_core_request import EngineCoreRequest
 from nv_engine.core.engine_sequence import EngineSequence
+from nv_engine.core.launched_step import LaunchedStep
 from nv_engine.core.prompt_logprobs_recording import record_prompt_logprobs
 from nv_engine.core.request_table import RequestTable
 from nv_engine.core.sampling_batch import SamplingBatchBuilder
 from nv_engine.core.sequence_update import SequenceUpdate
-from nv_engine.core.step import PLACEHOLDER_TOKEN, PromptLogprobsBatch, SamplingBatch, StepInput, StepResult
+from nv_engine.core.step import PLACEHOLDER_TOKEN, StepInput, StepResult
 from nv_engine.core.step_builder import StepBuilder
 from nv_engine.core.warmup_steps import WarmupSteps
 from nv_engine.engine.engine_requests import load_tokenizer
@@ -63,17 +63,6 @@ if TYPE_CHECKING:
     from nv_engine.executor import Executor
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Launched:
-    """A step handed to the runner: its schedule, sampler inputs, and (synchronous runs) its result."""
-
-    out: SchedulerOutput
-    batch: SamplingBatch | None
-    result: StepResult | None
-    tokens: tuple[int, int]          # (prompt tokens computed, tokens sampled)
-    prompt_logprobs: PromptLogprobsBatch | None = None
 
 
 class EngineCore:
@@ -137,7 +126,7 @@ class EngineCore:
         self.last_step_tokens = (0, 0)     # (prompt tokens computed, tokens sampled) in the last step
         # speculative decoding proposes from the last step's real tokens: drafting steps run synchronously
         self.async_scheduling = (spec is None or spec.pipelines) and config.async_scheduling is not False
-        self._inflight: _Launched | None = None
+        self._inflight: LaunchedStep | None = None
         self._open_steps: list[SchedulerOutput] = []   # scheduled, their outputs not yet processed
         self._num_uncollected = 0                      # launched steps whose result is not collected
 
@@ -292,11 +281,11 @@ class EngineCore:
         self.abort_requests([seq.request_id for seq, _ in failed])
         return updates
 
-    def _launch(self, out: SchedulerOutput, previous: _Launched | None) -> _Launched:
+    def _launch(self, out: SchedulerOutput, previous: LaunchedStep | None) -> LaunchedStep:
         """Build the step's inputs and hand it to the runner (launch only, when async)."""
         return self._enqueue(*self._prepare(out, previous))
 
-    def _prepare(self, out: SchedulerOutput, previous: _Launched | None) -> tuple[_Launched, StepInput]:
+    def _prepare(self, out: SchedulerOutput, previous: LaunchedStep | None) -> tuple[LaunchedStep, StepInput]:
         """The step's inputs, built on the host: nothing is handed to the runner yet (`_enqueue`)."""
         sampling = out.sampling
         batch = None
@@ -326,13 +315,13 @@ class EngineCore:
         num_decodes = len(out.scheduled) if out.is_pure_decode else sum(
             [s.num_new_tokens == 1 + len(s.seq.spec_token_ids) and bool(s.seq.output_token_ids)
              for s in out.scheduled]) + out.num_draft_tokens
-        launched = _Launched(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
+        launched = LaunchedStep(out, batch, None, (out.num_batched_tokens - num_decodes, len(sampling)),
                              step_input.prompt_logprobs)
         if self.record_timestamps and not out.is_pure_decode:
             self.requests.note_first_scheduled(out)
         return launched, step_input
 
-    def _enqueue(self, launched: _Launched, step_input: StepInput, fill_first: bool = False) -> _Launched:
+    def _enqueue(self, launched: LaunchedStep, step_input: StepInput, fill_first: bool = False) -> LaunchedStep:
         """Hand a prepared step to the runner: launch only when async (its sampling waits for
         GrammarSampling.sample with defer_sampling), else run it. fill_first: its bitmask starts filling
         before the launch (every earlier token accepted: the matcher process's order)."""
