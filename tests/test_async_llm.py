@@ -116,8 +116,9 @@ def test_a_non_streamed_request_decodes_its_text_once_at_the_end(llm):
 
 
 def test_stream_interval_sends_fewer_outputs_with_the_same_tokens(llm):
-    """stream_interval 4 (set on the module's frontend): a 12-token stream gets its first token, then one output
-    per 4 tokens, then its end (4 outputs; every token would be up to 12), and the same tokens and text."""
+    """The default stream_interval (2): a 12-token stream gets its first token, then one output per 2 tokens
+    (at most 7 outputs). Set to 4 on the module's frontend: at most 4 outputs. Set to 1: one per token. The
+    tokens and text are the same each time."""
     prompt = _prompts(4)[3]
 
     async def run(request_id: str):
@@ -126,18 +127,24 @@ def test_stream_interval_sends_fewer_outputs_with_the_same_tokens(llm):
         await _wait_idle(llm)
         return outputs
 
-    every = asyncio.run(run("every-token"))
-    llm.output_processor.stream_interval = 4
+    default_interval = llm.output_processor.stream_interval
+    assert default_interval == 2
+    runs = {}
     try:
-        sparse = asyncio.run(run("every-4th"))
+        for interval in (2, 4, 1):
+            llm.output_processor.stream_interval = interval
+            runs[interval] = asyncio.run(run(f"every-{interval}"))
     finally:
-        llm.output_processor.stream_interval = 1
-    counts = [len(output.outputs[0].token_ids) for output in sparse]
-    assert len(sparse) <= 4 and counts[-1] == 12 and sparse[-1].finished
-    assert all(b - a >= 4 for a, b in zip(counts[:-2], counts[1:-1], strict=True))
-    assert counts[0] <= 2 and len(every) > len(sparse)
-    assert sparse[-1].outputs[0].token_ids == every[-1].outputs[0].token_ids
-    assert sparse[-1].outputs[0].text == every[-1].outputs[0].text
+        llm.output_processor.stream_interval = default_interval
+    for interval, most in ((2, 7), (4, 4)):
+        outputs = runs[interval]
+        counts = [len(output.outputs[0].token_ids) for output in outputs]
+        assert len(outputs) <= most and counts[-1] == 12 and outputs[-1].finished
+        assert all(b - a >= interval for a, b in zip(counts[:-2], counts[1:-1], strict=True))
+        assert counts[0] <= 2
+        assert outputs[-1].outputs[0].token_ids == runs[1][-1].outputs[0].token_ids
+        assert outputs[-1].outputs[0].text == runs[1][-1].outputs[0].text
+    assert len(runs[1]) > len(runs[2]) > len(runs[4])
 
 
 def test_stop_string_ends_the_request_in_the_core(llm):

@@ -143,7 +143,7 @@ def test_tracker_turns_outputs_into_iteration_stats():
     tracker.observe("a", 1, now=103.0)                 # finished: ignored
     second = tracker.take_iteration_stats()
     assert second.num_prompt_tokens == 0 and second.num_generation_tokens == 3
-    assert second.inter_token_latencies_s == [0.5, 0.5]
+    assert second.inter_token_latencies_s == [0.5, 0.5, 0.5]      # one per token gap: two, then one
     assert second.finished == [FinishedRequestStats("length", 2.5, 0.5, 0.5, 1.5, 2.0, 7, 4)]
     tracker.add_request("b", 3, arrival_time=200.0)
     tracker.observe("b", 0, "abort", now=201.0)        # aborted before its first token

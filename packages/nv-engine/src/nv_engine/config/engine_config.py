@@ -90,7 +90,7 @@ class EngineConfig:
     cpu_kv_cache_space_gib: float = DEFAULT_CPU_KV_CACHE_GIB   # KV-cache budget when the device is the CPU
     distributed_timeout_s: float = DEFAULT_DISTRIBUTED_TIMEOUT_S   # longest wait of one collective
     quantization: str | None = None              # weights: "fp8" (block-wise), "awq" / "gptq" (INT4) or None
-    stream_interval: int = 1                     # streamed outputs: one per this many tokens (first and last at once)
+    stream_interval: int = 2                     # streamed outputs: one per this many tokens (first and last at once)
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:

@@ -54,7 +54,10 @@ class RequestStatsTracker:
                 iteration.time_to_first_tokens_s.append(now - times.arrival)
                 iteration.num_prompt_tokens += times.num_prompt_tokens
             else:
-                iteration.inter_token_latencies_s.append((now - times.last_token) / num_new_tokens)
+                # one observation per token interval, also when an output carries several tokens (a
+                # stream_interval above 1, speculative decoding): the histogram counts token gaps
+                latency = (now - times.last_token) / num_new_tokens
+                iteration.inter_token_latencies_s.extend([latency] * num_new_tokens)
             times.last_token = now
             times.num_generation_tokens += num_new_tokens
             iteration.num_generation_tokens += num_new_tokens
