@@ -2,8 +2,9 @@
 tests/test_kv_cache_fp8_accuracy.py (SmolLM2 on the CPU):
 - greedy continuations of random token prompts with top-5 logprobs pass vLLM's check_logprobs_close against the
   default (bf16) cache; prompts are prefilled 256 tokens per step, so later chunks read FP8 K/V from the cache;
-- perplexity within 3% of the default's, on a text the model reads well: its own greedy continuation of a prompt
-  (a random model's greedy text repeats itself, so attention must find earlier tokens in the cached K/V);
+- perplexity within 3% of the default's, on its own greedy continuation of a prompt (a random model's greedy text
+  repeats itself, so attention must find earlier tokens in the cached K/V; its perplexity stays high, ~10,700,
+  since random weights spread their probability wide);
 - a broken scale (8x too small: K/V clamp at e4m3's max) fails the rule.
 """
 from __future__ import annotations
@@ -77,7 +78,9 @@ def own_text(model_dir: Path) -> tuple[list[int], int]:
 @pytest.fixture(scope="module")
 def default_perplexity(model_dir: Path, own_text: tuple[list[int], int]) -> float:
     value = _perplexity(model_dir, *own_text)
-    assert value < 100.0, value            # its own greedy text: far below the vocabulary's 151,936
+    # random weights spread their probability wide: 10,724 on an H200. A model that ignores its context would
+    # score near the vocabulary's 151,936; the bound keeps the rule from judging such a reference.
+    assert value < 151_936 / 8, value
     return value
 
 

@@ -32,7 +32,9 @@ def _poison(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _batch(case: tuple, seed: int) -> PagedBatch:
     hq, hkv, d, bs, dtype, query_len = case
-    return random_paged_batch(CONTEXTS, [query_len] * len(CONTEXTS), num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+    # a verified sequence holds its last token and its drafts: never fewer tokens than query rows
+    contexts = [max(context, query_len) for context in CONTEXTS]
+    return random_paged_batch(contexts, [query_len] * len(contexts), num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                               block_size=bs, num_blocks=NUM_BLOCKS, dtype=dtype, device="cuda", seed=seed)
 
 
