@@ -227,11 +227,12 @@ def record_drafts(core) -> list[tuple[int, int]]:
     return steps
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, 2])     # prompts whose continuations reject most fixed-length drafts
 def test_adaptive_draft_length_cuts_rejected_drafts_and_keeps_greedy_output(tiny_qwen3_dir, seed):
-    """Random prompts on a tiny model (k = 3): after the first steps, sequences draft far fewer than k tokens per
-    step (those whose drafts are rejected stop), rejecting under half the drafts a fixed length rejects; greedy
-    output equals the output without speculation, adaptive or not."""
+    """Random prompts on a tiny model (k = 3), where drafts of a fixed length are mostly rejected: after the first
+    steps, sequences draft far fewer than k tokens per step (those whose drafts are rejected stop), rejecting under
+    half the drafts a fixed length rejects; greedy output equals the output without speculation, adaptive or
+    not."""
     prompts = random_prompts(200, seed)
     params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
     reference, _ = generate(tiny_qwen3_dir, prompts, params)
@@ -245,6 +246,7 @@ def test_adaptive_draft_length_cuts_rejected_drafts_and_keeps_greedy_output(tiny
     finally:
         llm.shutdown()
     assert [o.outputs[0].token_ids for o in outputs] == fixed == reference
+    assert fixed_stats.num_accepted_tokens < 0.5 * fixed_stats.num_draft_tokens, "the workload's premise"
     later = steps[16:]
     drafts_per_sequence_step = sum(d for d, _ in later) / sum(n for _, n in later)
     assert drafts_per_sequence_step < 1.0                      # k = 3

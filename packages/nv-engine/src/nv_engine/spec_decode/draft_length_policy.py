@@ -85,6 +85,10 @@ class DraftLengthPolicy:
             return self.num_speculative_tokens if num_tokens >= resume_at else 0
         return self.lengths[int(state.accepted / state.tested * LEVELS)]
 
+    def drafting(self, state: DraftAcceptance) -> bool:
+        """Whether the sequence drafts as its estimate says (not stopped), or is new (its first probe)."""
+        return state.resume_at < 0 or state.tested == 0.0
+
     def due(self, state: DraftAcceptance, num_tokens: int) -> bool:
         """Whether the sequence would propose drafts in a step now (not stopped, or its probe is due)."""
         return state.resume_at < 0 or num_tokens >= state.resume_at

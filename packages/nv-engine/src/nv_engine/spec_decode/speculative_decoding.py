@@ -14,8 +14,10 @@ drafts and a DraftModelPlanner tells the runner's DraftModelRunner what the draf
 docstring). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs, penalties,
 bans, logit bias, allowed ids, min_tokens, a grammar) turns drafting off for every step while it runs.
 With ngram and adaptive_draft_length, a DraftLengthPolicy caps each sequence's drafts by its own recent acceptance
-(the scheduler's `draft_length`; `runs` records each step's acceptance); while every running sequence has stopped
-drafting and waits for its next probe, steps pipeline.
+(the scheduler's `draft_length`; `runs` records each step's acceptance). While every running sequence has stopped
+drafting, steps pipeline; the probes that come due then wait for every PROBE_EVERY-th step, which carries them all
+(and sequences that probed together come due together again), so probing costs at most one synchronous step in
+PROBE_EVERY whatever the batch. A step that is synchronous anyway carries every probe due.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from nv_engine.spec_decode.ngram_proposer import NgramProposer
 from nv_kvcache import Scheduler, SchedulerOutput, Sequence
 
 QUIET_STEPS = 4    # steps in a row that could draft but did not, before steps pipeline again
-PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again
+PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again; and while
+                   # the policy's probes alone are due, every PROBE_EVERY-th step carries them
 
 
 class SpeculativeDecoding:
@@ -48,6 +51,7 @@ class SpeculativeDecoding:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max)
         self.quiet_steps = 0       # steps since the last one with drafts, while drafting is allowed
+        self.probe_wait = 0        # steps since the last probing step, while only the policy's probes are due
         # per-sequence draft lengths (ngram only for now: the draft model's steps draft K)
         self.policy: DraftLengthPolicy | None = (
             DraftLengthPolicy(config.num_speculative_tokens)
@@ -91,26 +95,37 @@ class SpeculativeDecoding:
         """Called once per launched step without drafts (async scheduling): whether the next step should be
         scheduled from real tokens, after the pipeline drained, so that it may draft. Yes while drafting is allowed
         (some running sequence, at most max_batch_size of them, no unverifiable request), some running sequence
-        would draft (the policy's: not stopped, or its probe due) and not quiet; quiet: QUIET_STEPS steps in a row
-        that could draft drafted nothing (text the proposer finds nothing in), after which steps pipeline and every
-        PROBE_EVERY-th tries again. A step with drafts (`runs`) ends the quiet."""
+        drafts (the policy's: not stopped; or, while every one has stopped, at every PROBE_EVERY-th step where some
+        probe is due) and not quiet; quiet: QUIET_STEPS steps in a row that could draft drafted nothing (text the
+        proposer finds nothing in), after which steps pipeline and every PROBE_EVERY-th tries again. A step with
+        drafts (`runs`) ends the quiet."""
         if not 0 < len(running) <= self.max_batch_size(num_unverifiable_requests):
             self.quiet_steps = 0          # drafting allowed again later: try at once
             return False
-        if self.policy is not None and not self.any_due(running):
-            return False                  # every sequence waits for its probe
+        if self.policy is not None:
+            wanted = self.sequences_want_drafts(running)
+            if wanted is not None:        # no sequence drafts: probes alone decide
+                return wanted
         self.quiet_steps += 1
         return self.quiet_steps <= QUIET_STEPS or self.quiet_steps % PROBE_EVERY == 0
 
-    def any_due(self, running: Seq[Sequence]) -> bool:
-        """Whether some running sequence would propose drafts now (the policy's `due`), the first one found."""
+    def sequences_want_drafts(self, running: Seq[Sequence]) -> bool | None:
+        """The policy's view of the running sequences: None where some sequence drafts (not stopped, or new: the
+        quiet rule decides); else whether this step should carry the probes due, at every PROBE_EVERY-th step
+        while some is due, False while none is."""
         policy = self.policy
         assert policy is not None
+        probe_due = False
         for seq in running:
             engine_seq: EngineSequence = seq   # type: ignore[assignment]  # the engine core schedules only these
-            if policy.due(engine_seq.draft_acceptance, len(seq.token_ids)):
-                return True
-        return False
+            state = engine_seq.draft_acceptance
+            if policy.drafting(state):
+                return None
+            probe_due = probe_due or policy.due(state, len(seq.token_ids))
+        if not probe_due:
+            return False
+        self.probe_wait += 1
+        return self.probe_wait % PROBE_EVERY == 0
 
     def max_batch_size(self, num_unverifiable_requests: int) -> int:
         """The scheduler's spec_max_batch_size for the next step (0: no drafts)."""
