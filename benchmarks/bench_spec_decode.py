@@ -2,12 +2,16 @@
 token, speedup and acceptance rate at small batch, on a repetitive workload and on random prompts; then throughput
 at a large batch with speculation configured (it turns itself off above speculative_config's max_batch_size).
 
-    python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b [--batches 1,8] [--k 3]
+    python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b [--batches 1,8] [--k 3,5,7]
     python3 benchmarks/bench_spec_decode.py --model DIR [--batches 1,8] [--large-batch 256]
     python3 benchmarks/bench_spec_decode.py --model DIR --draft-model SMALL_DIR [--k 4]      # method draft_model
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-8b --draft-shape qwen3-0.6b
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b --draft-model self
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b --sweep --large-batch 0
+
+--k: num_speculative_tokens, or a list of them (one speculative engine per value, each against the same plain
+run). Drafts adapt to each sequence's acceptance (speculative_config.adaptive_draft_length); --fixed-length drafts
+the full k wherever the lookup finds one (the behaviour before adaptive lengths).
 
 --sweep: the crossover. Batches 1, 2, 4, 8, 16, 32, 64 (or --batches) with drafting on at every one of them
 (max_batch_size = the largest batch), then one summary line per workload: the largest batch at which speculation
@@ -26,8 +30,9 @@ Workloads (greedy, ignore_eos, --max-tokens outputs per sequence):
   of a repeated random token pattern (greedy continuations of a random model keep copying such patterns);
 - random: random token prompts of --prompt-len (the headline's kind of prompt).
 Each run is done twice in one engine and the second is timed. ms/token = wall time / --max-tokens (per sequence).
-Prints one JSON line per measure: workload, batch, spec (off / on), ms_per_token, speedup, acceptance rate
-(accepted / drafted tokens, from SchedulerStats) and mean accepted tokens per step and sequence.
+Prints one JSON line per measure: workload, batch, spec (off / on), k, ms_per_token, speedup, acceptance rate
+(accepted / drafted tokens, from SchedulerStats), mean accepted tokens per step and sequence and mean drafted tokens
+per step and sequence.
 """
 from __future__ import annotations
 
@@ -93,7 +98,9 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="drafting at every batch; print the crossover")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    parser.add_argument("--k", default="3", help="num_speculative_tokens, or a comma-separated list of them")
+    parser.add_argument("--fixed-length", action="store_true",
+                        help="adaptive_draft_length false: draft the full k wherever the lookup finds one")
     parser.add_argument("--lookup-max", type=int, default=4)
     parser.add_argument("--max-batch-size", type=int, default=32, help="speculative_config's max_batch_size")
     parser.add_argument("--large-batch", type=int, default=256, help="throughput check (0: skip)")
@@ -107,8 +114,9 @@ def main() -> None:
         model = str(nv_cache_dir() / f"bench-random-{args.shape}-bf16")
         write_random_checkpoint(model, args.shape, dtype="bfloat16")
     random_weights = args.model is None or args.random_weights
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1,
-            "prompt_lookup_max": args.lookup_max, "max_batch_size": args.max_batch_size}
+    ks = [int(k) for k in args.k.split(",")]
+    spec = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": args.lookup_max,
+            "max_batch_size": args.max_batch_size, "adaptive_draft_length": not args.fixed_length}
     draft = args.draft_model
     if args.draft_shape is not None and draft is None:
         from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
@@ -117,14 +125,15 @@ def main() -> None:
         write_random_checkpoint(draft, args.draft_shape, dtype="bfloat16", seed=1)
     if draft is not None:
         spec = {"method": "draft_model", "model": model if draft == "self" else draft,
-                "num_speculative_tokens": args.k, "max_batch_size": args.max_batch_size}
+                "max_batch_size": args.max_batch_size}
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     batches = [int(b) for b in (args.batches or ("1,2,4,8,16,32,64" if args.sweep else "1,8")).split(",")]
     workloads = args.workloads.split(",")
     if args.sweep:                 # drafting at every batch size measured
         spec["max_batch_size"] = max(batches)
     results: dict[tuple[str, int, str], float] = {}
-    for label, speculative_config in (("off", None), ("on", spec)):
+    runs = [("off", None)] + [(f"k={k}", {**spec, "num_speculative_tokens": k}) for k in ks]
+    for label, speculative_config in runs:
         llm = LLM(model, speculative_config=speculative_config, max_model_len=args.prompt_len + args.max_tokens + 64)
         for workload in workloads:
             for batch in batches:
@@ -135,12 +144,13 @@ def main() -> None:
                 ms = 1000 * seconds / args.max_tokens
                 results[(workload, batch, label)] = ms
                 line = {"workload": workload, "batch": batch, "spec": label, "ms_per_token": round(ms, 4)}
-                if label == "on":
-                    line["method"] = spec["method"]
+                if speculative_config is not None:
+                    line.update(spec="on", k=speculative_config["num_speculative_tokens"], method=spec["method"])
                     line["speedup"] = round(results[(workload, batch, "off")] / ms, 3)
                     line["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
                     steps = batch * args.max_tokens - accepted
                     line["accepted_per_step"] = round(accepted / max(steps, 1), 3)
+                    line["drafted_per_step"] = round(drafted / max(steps, 1), 3)
                 print(json.dumps(line), flush=True)
         if args.large_batch:
             rng = random.Random(0)
@@ -150,18 +160,19 @@ def main() -> None:
             results[("large", args.large_batch, label)] = tokens_per_s
             line = {"workload": "random", "batch": args.large_batch, "spec": label,
                     "output_tokens_per_s": round(tokens_per_s, 1), "drafted": drafted}
-            if label == "on":
-                line["method"] = spec["method"]
+            if speculative_config is not None:
+                line.update(spec="on", k=speculative_config["num_speculative_tokens"], method=spec["method"])
                 line["throughput_ratio"] = round(tokens_per_s / results[("large", args.large_batch, "off")], 4)
             print(json.dumps(line), flush=True)
         llm.shutdown()
     if args.sweep:
         for workload in workloads:
-            speedups = {b: results[(workload, b, "off")] / results[(workload, b, "on")] for b in batches}
-            paying = [b for b in batches if speedups[b] > 1.0]
-            print(json.dumps({"workload": workload, "crossover": "largest batch with speedup > 1",
-                              "max_batch_size": max(paying) if paying else 0,
-                              "speedups": {str(b): round(v, 3) for b, v in speedups.items()}}), flush=True)
+            for k in ks:
+                speedups = {b: results[(workload, b, "off")] / results[(workload, b, f"k={k}")] for b in batches}
+                paying = [b for b in batches if speedups[b] > 1.0]
+                print(json.dumps({"workload": workload, "k": k, "crossover": "largest batch with speedup > 1",
+                                  "max_batch_size": max(paying) if paying else 0,
+                                  "speedups": {str(b): round(v, 3) for b, v in speedups.items()}}), flush=True)
 
 
 if __name__ == "__main__":

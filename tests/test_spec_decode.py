@@ -203,3 +203,82 @@ def test_ngram_on_cuda_verify_graphs_and_pipelined_steps(make_tiny_checkpoint):
     assert stats.num_accepted_tokens > 0
     assert len(replayed) == sum(drafts for _, _, drafts in calls) > 0
     assert any(path == "pipelined" and n == 12 for path, n, _ in calls)
+
+
+def random_prompts(vocab: int, seed: int) -> list[list[int]]:
+    """Random token prompts: what the proposer finds in them (and in their continuations) is mostly rejected."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(24)] for _ in range(4)]
+
+
+def record_drafts(core) -> list[tuple[int, int]]:
+    """Wrap the core's scheduler: per scheduled step (draft tokens, sampling sequences)."""
+    steps: list[tuple[int, int]] = []
+    schedule = core.scheduler.schedule
+
+    def scheduled():
+        out = schedule()
+        steps.append((out.num_draft_tokens, len(out.sampling)))
+        return out
+
+    core.scheduler.schedule = scheduled
+    return steps
+
+
+@pytest.mark.parametrize("seed", [0, 2])     # prompts whose continuations reject most fixed-length drafts
+def test_adaptive_draft_length_cuts_rejected_drafts_and_keeps_greedy_output(tiny_qwen3_dir, seed):
+    """Random prompts on a tiny model (k = 3), where drafts of a fixed length are mostly rejected: after the first
+    steps, sequences draft far fewer than k tokens per step (those whose drafts are rejected stop), rejecting under
+    half the drafts a fixed length rejects; greedy output equals the output without speculation, adaptive or
+    not."""
+    prompts = random_prompts(200, seed)
+    params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
+    reference, _ = generate(tiny_qwen3_dir, prompts, params)
+    fixed, fixed_stats = generate(tiny_qwen3_dir, prompts, params,
+                                  speculative_config={**NGRAM, "adaptive_draft_length": False})
+    llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
+    steps = record_drafts(llm.llm_engine.core)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == fixed == reference
+    assert fixed_stats.num_accepted_tokens < 0.5 * fixed_stats.num_draft_tokens, "the workload's premise"
+    later = steps[16:]
+    drafts_per_sequence_step = sum(d for d, _ in later) / sum(n for _, n in later)
+    assert drafts_per_sequence_step < 1.0                      # k = 3
+    rejected = stats.num_draft_tokens - stats.num_accepted_tokens
+    assert rejected < 0.5 * (fixed_stats.num_draft_tokens - fixed_stats.num_accepted_tokens)
+    assert stats.num_accepted_tokens > 0                       # what repeats is still drafted
+
+
+def test_sequences_whose_drafts_all_fail_stop_drafting_and_steps_pipeline(tiny_qwen3_dir):
+    """A proposer whose first draft is always wrong (the reference's next token plus one): each sequence drafts in
+    its first step, then only in probes after a doubling backoff (8, 16, 32, 64 tokens), and while every sequence
+    waits for its probe the steps pipeline; the output equals the output without speculation."""
+    prompts = repetitive_prompts(200)[:2]
+    params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
+    reference, _ = generate(tiny_qwen3_dir, prompts, params)
+    by_prompt = {tuple(p): r for p, r in zip(prompts, reference, strict=True)}
+
+    def wrong(token_ids, most):
+        prompt = next(p for p in by_prompt if tuple(token_ids[:len(p)]) == p)
+        following = by_prompt[prompt][len(token_ids) - len(prompt)]
+        return [(following + 1) % 200] * min(most, NGRAM["num_speculative_tokens"])
+
+    llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
+    core = llm.llm_engine.core
+    core.scheduler._propose = wrong
+    calls = record_paths(core)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    assert stats.num_accepted_tokens == 0
+    assert stats.num_draft_tokens <= 2 * 5 * 3                  # per sequence: its first step and 4 probes
+    assert sum(path == "pipelined" for path, _, _ in calls) > 0.8 * len(calls)

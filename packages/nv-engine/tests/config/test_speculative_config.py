@@ -11,6 +11,8 @@ def test_from_dict_json_and_object():
                                            "prompt_lookup_min": 2, "prompt_lookup_max": 3})
     assert config == SpeculativeConfig(num_speculative_tokens=5, prompt_lookup_min=2, prompt_lookup_max=3)
     assert SpeculativeConfig.from_value('{"method": "ngram"}') == SpeculativeConfig()
+    assert SpeculativeConfig().adaptive_draft_length                  # on unless switched off
+    assert not SpeculativeConfig.from_value('{"adaptive_draft_length": false}').adaptive_draft_length
     assert SpeculativeConfig.from_value(config) is config
     assert SpeculativeConfig.from_value(None) is None
 
@@ -26,6 +28,8 @@ def test_from_dict_json_and_object():
     ({"num_speculative_tokens": True}, "num_speculative_tokens must be an integer >= 1"),
     ({"prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup_min .4. must be <="),
     ({"max_batch_size": -1}, "max_batch_size must be an integer >= 1"),
+    ({"adaptive_draft_length": "yes"}, "adaptive_draft_length must be true or false"),
+    ({"adaptive_draft_length": 1}, "adaptive_draft_length must be true or false"),
     ({"draft_model": "x"}, r"unknown key\(s\) \['draft_model'\]"),
     ("{not json", "not valid JSON"),
     ([1], "must be a dict"),

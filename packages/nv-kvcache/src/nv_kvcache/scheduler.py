@@ -12,7 +12,8 @@ arriving mid-stream is spread over short steps; running decodes are in every ste
 
 Speculative decoding (a `propose` callable; vLLM v1's scheme): in a step with at most spec_max_batch_size running
 sequences, each decode also computes the draft tokens `propose(token_ids, most)` returns (seq.spec_token_ids),
-budgeted and given blocks like any token. postprocess_runs appends each emitted run (accepted drafts plus one
+budgeted and given blocks like any token; `draft_length(seq)`, where given, caps each sequence's drafts in the step
+(a per-request draft-length policy; 0: none). postprocess_runs appends each emitted run (accepted drafts plus one
 token), advancing num_computed_tokens by 1 + accepted (rejected drafts' slots get overwritten); preemption drops drafts.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Scheduler:
                  max_num_batched_tokens: int, max_model_len: int,
                  enable_prefix_caching: bool = True, enable_kv_cache_events: bool = False,
                  long_prefill_token_threshold: int = 0,
-                 propose: Callable[[list[int], int], list[int]] | None = None, spec_max_batch_size: int = 0) -> None:
+                 propose: Callable[[list[int], int], list[int]] | None = None, spec_max_batch_size: int = 0,
+                 draft_length: Callable[[Sequence], int] | None = None) -> None:
         if isinstance(long_prefill_token_threshold, bool) or not isinstance(long_prefill_token_threshold, int) \
                 or long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no limit), got "
@@ -67,6 +69,7 @@ class Scheduler:
         # with at most spec_max_batch_size running sequences
         self._propose = propose
         self.spec_max_batch_size = spec_max_batch_size
+        self._draft_length = draft_length        # seq -> the most drafts it proposes this step; None: no cap
         self.num_draft_tokens = 0                # cumulative, for stats()
         self.num_accepted_tokens = 0
 
@@ -224,8 +227,10 @@ class Scheduler:
 
     def _draft(self, seq: Sequence, budget: int) -> int:
         """Propose seq's drafts (seq.spec_token_ids); their count. They fit the budget after seq's own token, and
-        the emitted run (accepted + 1) cannot pass the length limit."""
+        the emitted run (accepted + 1) cannot pass the length limit, nor draft_length(seq) where given."""
         most = min(budget - 1, seq._length_limit - len(seq.token_ids) - 1)
+        if most > 0 and self._draft_length is not None:
+            most = min(most, self._draft_length(seq))
         drafts = self._propose(seq.token_ids, most) if most > 0 and self._propose is not None else []
         seq.spec_token_ids = drafts
         return len(drafts)

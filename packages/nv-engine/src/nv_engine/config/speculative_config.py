@@ -40,7 +40,14 @@ class SpeculativeConfig:
     stays near its weight-read floor up to a few tens of sequences and, past that, rejected draft tokens
     cost real compute; measure the crossover per model and GPU (benchmarks/bench_spec_decode.py --sweep). Verify
     steps of up to max_batch_size sequences replay CUDA graphs of their own (runner.verify_graphs); with ngram,
-    steps above it draft nothing and keep async scheduling."""
+    steps above it draft nothing and keep async scheduling.
+
+    adaptive_draft_length (ngram; on by default): num_speculative_tokens is each sequence's most, and each step a
+    sequence drafts what its own recent acceptance pays for (spec_decode.draft_length_policy): all of them while
+    nearly all are accepted, none while they are mostly rejected (then it probes again after a backoff that
+    grows with each stop), so rejected drafts stop costing steps their pipelining. Outputs are the same either
+    way (every draft is verified); False drafts num_speculative_tokens wherever the lookup finds them.
+    draft_model drafts num_speculative_tokens in every step for now."""
 
     method: str | None = None          # None: "draft_model" when `model` is given, else "ngram"
     num_speculative_tokens: int = 3
@@ -49,6 +56,7 @@ class SpeculativeConfig:
     max_batch_size: int = 32
     model: str | None = None           # draft_model: the draft checkpoint
     draft_sampling: str = "greedy"     # draft_model: DRAFT_SAMPLING
+    adaptive_draft_length: bool = True
 
     def __post_init__(self) -> None:
         if self.method is None:        # vLLM infers the method from `model`
@@ -61,6 +69,9 @@ class SpeculativeConfig:
                              f"got {self.method!r}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_batch_size"):
             _positive(name, getattr(self, name))
+        if not isinstance(self.adaptive_draft_length, bool):
+            raise ValueError(f"speculative_config.adaptive_draft_length must be true or false, got "
+                             f"{self.adaptive_draft_length!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                              f"prompt_lookup_max ({self.prompt_lookup_max})")

@@ -107,7 +107,8 @@ class EngineCore:
             enable_prefix_caching=config.enable_prefix_caching,
             enable_kv_cache_events=self.kv_event_publisher is not None,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
-            propose=None if spec is None else spec.proposer.propose)
+            propose=None if spec is None else spec.proposer.propose,
+            draft_length=None if spec is None or spec.policy is None else spec.draft_length)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq, spec and spec.draft_planner)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         # structured outputs: grammars compile off the step; the tokenizer is loaded at the first one
@@ -215,7 +216,7 @@ class EngineCore:
         out = launched.out
         # overlap while async scheduling is on (a step launched before it was switched off is collected here)
         if launched.result is None and self.async_scheduling and self.requests.num_penalty_requests == 0 and (
-                spec is None or spec.pipelines_after(out, scheduler.num_running, unverifiable)):
+                spec is None or spec.pipelines_after(out, scheduler.running, unverifiable)):
             for seq in scheduler.postprocess(out, [PLACEHOLDER_TOKEN] * len(out.sampling)):
                 self.step_builder.release(seq.seq_id)
             scheduler.spec_max_batch_size = 0      # no drafts from placeholder tokens

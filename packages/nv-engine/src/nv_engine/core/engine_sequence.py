@@ -5,6 +5,7 @@ from collections.abc import Iterable
 
 from nv_engine.engine.outputs import SampleLogprobs
 from nv_engine.sampling_params import SamplingParams
+from nv_engine.spec_decode.draft_acceptance import DraftAcceptance
 from nv_kvcache import Sequence, StopRules
 
 
@@ -19,8 +20,8 @@ class EngineSequence(Sequence):
     prompt_logprobs: for the sequence that computes a request's prompt logprobs (completion 0), the
     entries so far, entry j for prompt position j + 1; None for every other sequence."""
 
-    __slots__ = ("draft_computed_tokens", "index", "num_reported", "params", "prompt_logprobs", "reported_finished",
-                 "reports_each_token", "request_id", "seed")
+    __slots__ = ("draft_acceptance", "draft_computed_tokens", "index", "num_reported", "params", "prompt_logprobs",
+                 "reported_finished", "reports_each_token", "request_id", "seed")
 
     def __init__(self, prompt_token_ids: Iterable[int], rules: StopRules, *, request_id: str,
                  index: int, params: SamplingParams, seed: int, reports_each_token: bool) -> None:
@@ -36,6 +37,8 @@ class EngineSequence(Sequence):
         # draft_model speculative decoding: positions [0, this) hold the draft model's valid KV (-1: not yet
         # scheduled; spec_decode.draft_model_planner keeps it)
         self.draft_computed_tokens = -1
+        # speculative decoding with an adaptive draft length: its recent acceptance (spec_decode.draft_length_policy)
+        self.draft_acceptance = DraftAcceptance()
         if index == 0 and params.prompt_logprobs is not None:
             self.prompt_logprobs = []
             self.skip_prefix_cache = True    # every prompt position must be computed

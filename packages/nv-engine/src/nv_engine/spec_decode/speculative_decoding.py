@@ -13,17 +13,27 @@ tokens it drafts from. With method "draft_model" every step is synchronous, the 
 drafts and a DraftModelPlanner tells the runner's DraftModelRunner what the draft model computes in the step (its
 docstring). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs, penalties,
 bans, logit bias, allowed ids, min_tokens, a grammar) turns drafting off for every step while it runs.
+With ngram and adaptive_draft_length, a DraftLengthPolicy caps each sequence's drafts by its own recent acceptance
+(the scheduler's `draft_length`; `runs` records each step's acceptance). While every running sequence has stopped
+drafting, steps pipeline; the probes that come due then wait for every PROBE_EVERY-th step, which carries them all
+(and sequences that probed together come due together again), so probing costs at most one synchronous step in
+PROBE_EVERY whatever the batch. A step that is synchronous anyway carries every probe due.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
 from nv_engine.config.speculative_config import SpeculativeConfig
+from nv_engine.core.engine_sequence import EngineSequence
 from nv_engine.sampling_params import SamplingParams
+from nv_engine.spec_decode.draft_length_policy import DraftLengthPolicy
 from nv_engine.spec_decode.draft_model_planner import DraftModelPlanner
 from nv_engine.spec_decode.ngram_proposer import NgramProposer
-from nv_kvcache import Scheduler, SchedulerOutput
+from nv_kvcache import Scheduler, SchedulerOutput, Sequence
 
 QUIET_STEPS = 4    # steps in a row that could draft but did not, before steps pipeline again
-PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again
+PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again; and while
+                   # the policy's probes alone are due, every PROBE_EVERY-th step carries them
 
 
 class SpeculativeDecoding:
@@ -41,6 +51,17 @@ class SpeculativeDecoding:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max)
         self.quiet_steps = 0       # steps since the last one with drafts, while drafting is allowed
+        self.probe_wait = 0        # steps since the last probing step, while only the policy's probes are due
+        # per-sequence draft lengths (ngram only for now: the draft model's steps draft K)
+        self.policy: DraftLengthPolicy | None = (
+            DraftLengthPolicy(config.num_speculative_tokens)
+            if config.adaptive_draft_length and not config.uses_draft_model else None)
+
+    def draft_length(self, seq: Sequence) -> int:
+        """The scheduler's `draft_length`: the most drafts seq proposes this step (the policy's choice)."""
+        engine_seq: EngineSequence = seq   # type: ignore[assignment]  # the engine core schedules only these
+        assert self.policy is not None
+        return self.policy.draft_length(engine_seq.draft_acceptance, len(seq.token_ids))
 
     @staticmethod
     def verifiable(params: SamplingParams) -> bool:
@@ -61,24 +82,50 @@ class SpeculativeDecoding:
         scheduler.spec_max_batch_size = self.max_batch_size(num_unverifiable_requests)
         return scheduler.schedule()
 
-    def pipelines_after(self, launched: SchedulerOutput, num_running: int, num_unverifiable_requests: int) -> bool:
+    def pipelines_after(self, launched: SchedulerOutput, running: Seq[Sequence],
+                        num_unverifiable_requests: int) -> bool:
         """Whether the step after `launched` (launched, not collected) may be scheduled now from placeholder ids, with
-        no drafts: not after a step with drafts (its runs are postprocessed first), nor where drafts_next."""
+        no drafts: not after a step with drafts (its runs are postprocessed first), nor where drafts_next.
+        running: the scheduler's running sequences."""
         if launched.num_draft_tokens:
             return False
-        return not self.drafts_next(num_running, num_unverifiable_requests)
+        return not self.drafts_next(running, num_unverifiable_requests)
 
-    def drafts_next(self, num_running: int, num_unverifiable_requests: int) -> bool:
+    def drafts_next(self, running: Seq[Sequence], num_unverifiable_requests: int) -> bool:
         """Called once per launched step without drafts (async scheduling): whether the next step should be
         scheduled from real tokens, after the pipeline drained, so that it may draft. Yes while drafting is allowed
-        (some running sequence, at most max_batch_size of them, no unverifiable request) and not quiet; quiet:
-        QUIET_STEPS steps in a row drafted nothing (text the proposer finds nothing in), after which steps
-        pipeline and every PROBE_EVERY-th tries again. A step with drafts (`runs`) ends the quiet."""
-        if not 0 < num_running <= self.max_batch_size(num_unverifiable_requests):
+        (some running sequence, at most max_batch_size of them, no unverifiable request), some running sequence
+        drafts (the policy's: not stopped; or, while every one has stopped, at every PROBE_EVERY-th step where some
+        probe is due) and not quiet; quiet: QUIET_STEPS steps in a row that could draft drafted nothing (text the
+        proposer finds nothing in), after which steps pipeline and every PROBE_EVERY-th tries again. A step with
+        drafts (`runs`) ends the quiet."""
+        if not 0 < len(running) <= self.max_batch_size(num_unverifiable_requests):
             self.quiet_steps = 0          # drafting allowed again later: try at once
             return False
+        if self.policy is not None:
+            wanted = self.sequences_want_drafts(running)
+            if wanted is not None:        # no sequence drafts: probes alone decide
+                return wanted
         self.quiet_steps += 1
         return self.quiet_steps <= QUIET_STEPS or self.quiet_steps % PROBE_EVERY == 0
+
+    def sequences_want_drafts(self, running: Seq[Sequence]) -> bool | None:
+        """The policy's view of the running sequences: None where some sequence drafts (not stopped, or new: the
+        quiet rule decides); else whether this step should carry the probes due, at every PROBE_EVERY-th step
+        while some is due, False while none is."""
+        policy = self.policy
+        assert policy is not None
+        probe_due = False
+        for seq in running:
+            engine_seq: EngineSequence = seq   # type: ignore[assignment]  # the engine core schedules only these
+            state = engine_seq.draft_acceptance
+            if policy.drafting(state):
+                return None
+            probe_due = probe_due or policy.due(state, len(seq.token_ids))
+        if not probe_due:
+            return False
+        self.probe_wait += 1
+        return self.probe_wait % PROBE_EVERY == 0
 
     def max_batch_size(self, num_unverifiable_requests: int) -> int:
         """The scheduler's spec_max_batch_size for the next step (0: no drafts)."""
@@ -94,6 +141,20 @@ class SpeculativeDecoding:
             return []
         width = len(token_ids) // num_sequences
         runs = [[t for t in token_ids[i * width:(i + 1) * width] if t >= 0] for i in range(num_sequences)]
-        if self.draft_planner is not None and out.num_draft_tokens:
-            self.draft_planner.accepted(out, runs)
+        if out.num_draft_tokens:
+            if self.draft_planner is not None:
+                self.draft_planner.accepted(out, runs)
+            if self.policy is not None:
+                self.record(out, runs)
         return runs
+
+    def record(self, out: SchedulerOutput, runs: list[list[int]]) -> None:
+        """The policy hears each drafting sequence's drafted and accepted counts (before postprocess_runs clears
+        seq.spec_token_ids)."""
+        policy = self.policy
+        assert policy is not None
+        for entry, run in zip(out.sampling, runs, strict=True):
+            seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the engine core schedules only these
+            drafted = len(seq.spec_token_ids)
+            if drafted:
+                policy.record(seq.draft_acceptance, len(seq.token_ids), drafted, max(len(run) - 1, 0))

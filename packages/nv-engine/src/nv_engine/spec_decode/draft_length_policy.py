@@ -1,0 +1,113 @@
+"""DraftLengthPolicy: how many draft tokens a sequence proposes in a drafting step, 0 to num_speculative_tokens (K),
+from its own recent acceptance. Method-agnostic: it sees draft counts and accepted counts only (ngram uses it; a
+draft model's planner can cap its drafts by the same `draft_length`). Outputs do not depend on it: drafts are
+verified losslessly whatever their number; it only decides which steps draft and how much.
+
+The rule (the goodput rule of SmartSpec, Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large
+Language Models Using Goodput", on the expected-tokens model of Leviathan et al. 2023):
+- model: each draft token is accepted with probability a, given the ones before it were. A step with k drafts then
+  emits E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens (the accepted prefix and one more);
+- cost, in pipelined plain decode steps: C(0) = 1; C(k) = verify_cost + draft_token_cost * k for k >= 1. A step
+  with drafts runs synchronously (the next proposal needs its accepted tokens), so it loses the pipelining of the
+  host work behind the GPU: about twice a plain step at batch 1 (verify_cost 2.0), growing little with k there;
+- choose k = argmax over 0..K of E(k) / C(k), tokens per unit of time: k = 0 (no drafts) unless some k >= 1
+  gives E(k) > C(k). With the defaults, K = 3 drafts where a >= 0.59, K = 5 and 7 where a >= about 0.58, and
+  nothing below. The argmax per a is tabulated once (LEVELS + 1 entries), so a step costs a table lookup per
+  sequence.
+The cost is the batch-1 view: at larger batch a step with drafts is synchronous once any sequence drafts, so a
+sequence's own drafts cost less than that there; the rule errs on the side of not drafting.
+
+The estimate of a: exponentially decayed counts (DraftAcceptance), per drafting step `decay` times the old ones
+plus the new: accepted tokens, and tested ones (the accepted plus the first rejected, where one was). accepted /
+tested is the maximum-likelihood estimate of a under the model (tokens after the first rejection tell nothing);
+accepted / drafted would understate it for long drafts. A probe (a new sequence's first draft, or the first after
+a stop) starts the counts from the prior (prior_acceptance, weighing prior_weight tested tokens), then adds its
+own: a sequence whose probe is wholly rejected stops at once; one whose drafts were all accepted for long and
+then all fail stops after 5 (K = 3) to 9 (K = 7) such steps.
+
+Stopping and probing: a sequence whose k falls to 0 proposes nothing until it has grown by its backoff in tokens,
+then drafts K once (the probe: a step with any drafts pays the synchronous cost, so a full draft tells the most
+for it). The backoff starts at min_backoff and doubles at each stop up to max_backoff, so text that stays
+unpredictable costs about one losing step per max_backoff tokens; it goes back to min_backoff after FORGIVE_STREAK
+drafting steps in a row (text that turned repetitive drafts again within min_backoff tokens next time).
+"""
+from __future__ import annotations
+
+from nv_engine.spec_decode.draft_acceptance import DraftAcceptance
+
+LEVELS = 64           # the acceptance estimate's resolution in the table of best draft lengths
+FORGIVE_STREAK = 4    # drafting steps in a row after which the backoff starts from min_backoff again
+
+
+class DraftLengthPolicy:
+    def __init__(self, num_speculative_tokens: int, *, verify_cost: float = 2.0, draft_token_cost: float = 0.05,
+                 decay: float = 0.8, prior_acceptance: float = 0.8, prior_weight: float = 2.0,
+                 min_backoff: int = 8, max_backoff: int = 128) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"DraftLengthPolicy needs num_speculative_tokens >= 1, got {num_speculative_tokens}")
+        if verify_cost < 1.0 or draft_token_cost < 0.0:
+            raise ValueError(f"DraftLengthPolicy needs verify_cost >= 1 and draft_token_cost >= 0, got "
+                             f"{verify_cost} and {draft_token_cost}")
+        if not 0.0 <= decay < 1.0 or not 0.0 <= prior_acceptance <= 1.0 or prior_weight <= 0.0:
+            raise ValueError(f"DraftLengthPolicy needs 0 <= decay < 1, 0 <= prior_acceptance <= 1 and "
+                             f"prior_weight > 0, got {decay}, {prior_acceptance}, {prior_weight}")
+        if not 1 <= min_backoff <= max_backoff:
+            raise ValueError(f"DraftLengthPolicy needs 1 <= min_backoff <= max_backoff, got {min_backoff}, "
+                             f"{max_backoff}")
+        self.num_speculative_tokens = num_speculative_tokens
+        self.verify_cost = verify_cost
+        self.draft_token_cost = draft_token_cost
+        self.decay = decay
+        self.prior_accepted = prior_acceptance * prior_weight
+        self.prior_tested = prior_weight
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        # [LEVELS + 1]: entry i is the best draft length at acceptance i / LEVELS
+        self.lengths = [self.best_length(i / LEVELS) for i in range(LEVELS + 1)]
+
+    def best_length(self, acceptance: float) -> int:
+        """argmax over k in 0..K of E(k) / C(k) at per-token acceptance `acceptance` (the docstring's rule; the
+        shortest k on ties)."""
+        best, best_rate = 0, 1.0                       # k = 0: one token per plain step
+        tokens, term = 1.0, 1.0                        # E(k), a^k
+        for k in range(1, self.num_speculative_tokens + 1):
+            term *= acceptance
+            tokens += term
+            rate = tokens / (self.verify_cost + self.draft_token_cost * k)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def draft_length(self, state: DraftAcceptance, num_tokens: int) -> int:
+        """How many drafts the sequence (holding num_tokens tokens, state its acceptance) proposes this step."""
+        resume_at = state.resume_at
+        if resume_at >= 0:                             # stopped: a full probe once its backoff has passed
+            return self.num_speculative_tokens if num_tokens >= resume_at else 0
+        return self.lengths[int(state.accepted / state.tested * LEVELS)]
+
+    def drafting(self, state: DraftAcceptance) -> bool:
+        """Whether the sequence drafts as its estimate says (not stopped), or is new (its first probe)."""
+        return state.resume_at < 0 or state.tested == 0.0
+
+    def due(self, state: DraftAcceptance, num_tokens: int) -> bool:
+        """Whether the sequence would propose drafts in a step now (not stopped, or its probe is due)."""
+        return state.resume_at < 0 or num_tokens >= state.resume_at
+
+    def record(self, state: DraftAcceptance, num_tokens: int, drafted: int, accepted: int) -> None:
+        """After a step verified `drafted` >= 1 drafts of the sequence (holding num_tokens tokens before its run)
+        and accepted the first `accepted` of them: update the estimate; stop the sequence where k falls to 0."""
+        if state.resume_at >= 0:                       # a probe: the evidence starts again from the prior
+            state.accepted, state.tested = self.prior_accepted, self.prior_tested
+            state.resume_at = -1
+            state.streak = 0
+        decay = self.decay
+        state.accepted = decay * state.accepted + accepted
+        state.tested = decay * state.tested + accepted + (accepted < drafted)
+        if self.lengths[int(state.accepted / state.tested * LEVELS)] == 0:
+            backoff = max(state.backoff, self.min_backoff)
+            state.resume_at = num_tokens + backoff
+            state.backoff = min(2 * backoff, self.max_backoff)
+            return
+        state.streak += 1
+        if state.streak >= FORGIVE_STREAK:
+            state.backoff = 0
