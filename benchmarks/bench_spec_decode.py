@@ -22,8 +22,8 @@ and speedup mean anything. --draft-shape SHAPE writes a random draft checkpoint 
 target's vocabulary): a random draft agrees with the target by chance only, so its run measures what drafting
 costs when nearly nothing is accepted (the floor). --draft-model self makes the target its own draft: every
 draft is accepted, at the price of a draft as large as the target, which checks the verification path and bounds
-what a perfect draft of that cost can give. Each drafting step runs the draft's catch-up (the last tokens) eagerly
-and its k-1 one-token decodes in CUDA graphs; the small-batch figures include both.
+what a perfect draft of that cost can give. Each drafting step runs the draft's catch-up (the last 1 or 2 tokens
+per sequence) and its k-1 one-token decodes in CUDA graphs; the small-batch figures include both.
 
 Workloads (greedy, ignore_eos, --max-tokens outputs per sequence):
 - repetitive: with a real model, prompts that ask to repeat a given code block; with --random-weights, prompts

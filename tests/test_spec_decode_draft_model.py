@@ -7,6 +7,8 @@
   chi-square two-sample test), and the same test rejects a broken rejection rule.
 - The engine arguments: LLM keyword, `nv serve --speculative-config`, errors for a draft that cannot serve;
   `/metrics` of `nv serve` counting drafted and accepted tokens.
+- In emulated CUDA graphs (CPU): a drafting step of decodes replays graphs only (the draft's catch-up included);
+  a draft that lags after steps without drafts catches up eagerly once.
 - On CUDA (`-m gpu`): the same greedy equality through the CUDA graphs.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from nv_engine import LLM, EngineArgs, SamplingParams
+from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_kvcache import SchedulerStats
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")   # tests/conftest.py
@@ -149,6 +152,80 @@ def test_verification_in_emulated_graphs(tiny_qwen3_dir, references):
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
     assert sum(n == 4 for n in replayed) > 1                    # 4 sequences x (last token + 3 drafts)
     assert len(draft_replayed) > 6 and any(padded > n for padded, n in draft_replayed)
+
+
+def draft_forwards_per_step(llm: LLM, requests: list[list[int]], params,
+                            monkeypatch: pytest.MonkeyPatch) -> tuple[list, list[tuple[bool, int, int]]]:
+    """Generate with emulated CUDA graphs captured (a replay runs the model once); per launched step: (whether it
+    drafts, forwards of the draft model outside any graph replay, its forwards in graphs of several rows per
+    sequence: catch-ups)."""
+    runner = llm.llm_engine.executor.runner
+    runner.capture_cudagraphs(emulate=True)
+    replaying: list[int] = []                 # rows per sequence of the graph replaying now
+    replay = DecodeGraphs.replay
+
+    def replay_marked(graphs: DecodeGraphs, padded: int, n: int) -> torch.Tensor:
+        replaying.append(graphs.rows)
+        try:
+            return replay(graphs, padded, n)
+        finally:
+            replaying.pop()
+
+    monkeypatch.setattr(DecodeGraphs, "replay", replay_marked)
+    counts = {"eager": 0, "several rows": 0}
+    model = runner.draft_runner.model
+    forward = model.forward
+
+    def forward_counted(*args, **kwargs):
+        if not replaying:
+            counts["eager"] += 1
+        elif replaying[-1] > 1:
+            counts["several rows"] += 1
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward_counted)
+    steps: list[tuple[bool, int, int]] = []
+    launch = runner.launch
+
+    def launch_counted(step):
+        before = dict(counts)
+        launch(step)
+        steps.append((step.draft_ids is not None, counts["eager"] - before["eager"],
+                      counts["several rows"] - before["several rows"]))
+
+    monkeypatch.setattr(runner, "launch", launch_counted)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in requests], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    return [o.outputs[0].token_ids for o in outputs], steps
+
+
+def test_decode_drafting_steps_replay_only_graphs(tiny_qwen3_dir, references, monkeypatch):
+    """On CUDA a drafting step of decodes at small batch replays graphs only: the draft's catch-up (1 or 2 tokens per
+    sequence) a catch-up graph, its proposals decode graphs; only the prompt step runs the draft eagerly."""
+    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=False, speculative_config=draft_config(tiny_qwen3_dir))
+    outputs, steps = draft_forwards_per_step(llm, prompts(384), GREEDY, monkeypatch)
+    assert outputs == references["plain"]
+    drafting = [(eager, catchups) for drafts, eager, catchups in steps if drafts]
+    assert len(drafting) > 4
+    assert all(eager == 0 and catchups == 1 for eager, catchups in drafting)
+    assert sum(eager for _, eager, _ in steps) == 1                        # the prompts' step
+
+
+def test_a_lagging_draft_catches_up_eagerly(tiny_qwen3_dir, references, monkeypatch):
+    """max_batch_size 2: while 3 or 4 sequences run no step drafts and the draft skips them, so the first drafting
+    step's catch-up is longer than 1 + k tokens per sequence: it runs eagerly, the next ones in graphs; the output
+    is still the output without drafts."""
+    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=False,
+              speculative_config=draft_config(tiny_qwen3_dir, max_batch_size=2))
+    lengths = [24, 6, 24, 8]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outputs, steps = draft_forwards_per_step(llm, prompts(384), params, monkeypatch)
+    assert outputs == [r[:n] for r, n in zip(references["plain"], lengths, strict=True)]
+    drafting = [(eager, catchups) for drafts, eager, catchups in steps if drafts]
+    assert drafting[0] == (1, 0)
+    assert len(drafting) > 2 and all(step == (0, 1) for step in drafting[1:])
 
 
 @pytest.mark.gpu

@@ -66,3 +66,18 @@ def test_stage_verify_pads_sequences_and_marks_the_context():
     assert staged.ctx.slot_mapping[12:].tolist() == [-1] * 4
     assert staged.ctx.seq_lens.tolist() == [14, 22, 6, 0]
     assert staged.logits_rows is not None and staged.logits_rows.tolist()[:4] == [0, 1, 2, 3]
+
+
+def test_a_catch_up_of_one_to_q_tokens_per_sequence_is_held():
+    """A draft model's catch-up forward (no drafts: 1 or 2 tokens per sequence in steady decoding) takes the layout
+    (runner.catchup_graphs); a prompt chunk longer than Q or a sequence without tokens does not."""
+    layout = VerifyLayout(Q)
+    catchup = dataclasses.replace(verify_step([1, 0, 3], [10, 20, 5]), num_drafts=None, draft_ids=None,
+                                  logits_indices=np.array([1, 2, 6], dtype=np.int64))
+    assert layout.holds(catchup) and not layout.fits(catchup)
+    rows = layout.rows(catchup)
+    np.testing.assert_array_equal(rows.row_of_token, [2, 3, 7, 8, 9, 10, 11])
+    np.testing.assert_array_equal(rows.logits_rows, [3, 7, 11])      # each sequence's last row
+    assert not layout.holds(dataclasses.replace(catchup, cu_seqlens_q=np.array([0, 5, 6, 7], dtype=np.int32)))
+    assert not layout.holds(dataclasses.replace(catchup, cu_seqlens_q=np.array([0, 2, 2, 5], dtype=np.int32)))  # 0
+    assert not layout.holds(dataclasses.replace(catchup, is_decode=True))

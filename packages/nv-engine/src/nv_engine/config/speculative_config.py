@@ -27,8 +27,9 @@ class SpeculativeConfig:
     method "draft_model" (vLLM's name; implied when `model` is given without a method): a smaller checkpoint with
     the target's vocabulary (`model`: a directory, hub id or .gguf file) proposes num_speculative_tokens tokens
     greedily, in the same process and the same step as the target's verification (runner.draft_model_runner).
-    Its dtype follows the target's; it runs only at tensor_parallel_size 1, its catch-up eagerly and its one-token
-    decodes in CUDA graphs of its own.
+    Its dtype follows the target's; it runs only at tensor_parallel_size 1, in CUDA graphs of its own at up to
+    max_batch_size sequences (its catch-up of 1 + num_speculative_tokens tokens per sequence at most and its
+    one-token decodes; a longer catch-up, e.g. of a prompt, runs eagerly).
     draft_sampling (draft_model): "greedy" (vLLM's way) proposes the draft's argmax, which the target accepts with
     probability p(d) at temperature > 0; "sampled" draws each draft from the draft's distribution q under the
     request's sampling parameters and accepts with min(1, p/q): more accepted when q is close to p at high

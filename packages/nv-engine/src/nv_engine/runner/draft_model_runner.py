@@ -12,11 +12,14 @@ sequence's draft 1, then K-1 decode-layout forwards, each feeding the previous d
 (draft_sampling "greedy", vLLM's way: point masses, which the RejectionSampler verifies exactly at any target
 temperature), or with "sampled" drawn like the target's own tokens from the draft's processed distribution q
 (the request's temperature, top-k, top-p, min-p; Gumbel noise keyed by (seed, position), salted apart from the
-target's draws; greedy rows keep the argmax), q going to the RejectionSampler (accept min(1, p/q)). Everything
-runs eagerly (no CUDA graphs) with its own InputStager, so the target's staged inputs are untouched; the drafts
-stay on the device, go into the target's input ids and to the DraftVerifier. The catch-up runs eagerly; on CUDA
-the decode-layout forwards replay decode graphs of their own (batch sizes up to speculative_config.max_batch_size,
-the most sequences a drafting step has), captured with the target's (runner.cuda_graphs' DecodeGraphs).
+target's draws; greedy rows keep the argmax), q going to the RejectionSampler (accept min(1, p/q)). The forwards
+stage their inputs with an InputStager of their own, so the target's staged inputs are untouched; the drafts
+stay on the device, go into the target's input ids and to the DraftVerifier. On CUDA a drafting step of up to
+speculative_config.max_batch_size sequences (the most a drafting step has) replays graphs only, captured with the
+target's: the catch-up in the verify graphs' fixed layout of 1 + k rows per sequence (runner.catchup_graphs), when
+each sequence has at most 1 + k tokens to catch up (every decode-only step in steady decoding), and the
+decode-layout forwards in decode graphs of their own (runner.cuda_graphs' DecodeGraphs). A catch-up that does not
+fit (prompt chunks, a draft lagging after steps without drafts) runs eagerly.
 """
 from __future__ import annotations
 
@@ -31,15 +34,17 @@ from nv_engine.config.quantization import resolve_quantization
 from nv_engine.core.step import StepInput
 from nv_engine.model_loader.model_path import load_hf_config
 from nv_engine.model_loader.registry import get_model_class
+from nv_engine.runner.catchup_graphs import CatchupGraphs
 from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.draft_proposal import DraftProposal
 from nv_engine.runner.dummy_step_profiler import CausalLM, KVCacheLayer
 from nv_engine.runner.input_stager import InputStager
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
+from nv_engine.runner.staged_forward import StagedForward
 from nv_kernels import AttentionBackend
 from nv_kernels.kv_layout import allocate_kv_cache
 from nv_kernels.sampler_hash import gumbel_noise, mix32, row_keys, token_keys
-from nv_layers.forward_context import ForwardContext, forward_context
+from nv_layers.forward_context import forward_context
 from nv_layers.loader import build_model
 from nv_layers.rejection_sampler import RejectionSampler
 from nv_layers.sampler import SamplingTensors
@@ -68,6 +73,10 @@ class DraftModelRunner:
         self.hidden_size = int(hf_config.hidden_size)
         self.max_drafting_seqs = min(config.max_num_seqs, spec.max_batch_size)   # rows of a proposal forward
         self.graphs: DecodeGraphs | None = None                                  # the proposal forwards' (CUDA)
+        # the catch-up forwards' (CUDA): Q = 1 + k rows per sequence, as many sequences as a proposal forward
+        self.catchup_query_len = 1 + spec.num_speculative_tokens
+        self.max_catchup_seqs = min(self.max_drafting_seqs, config.max_num_batched_tokens // self.catchup_query_len)
+        self.catchup_graphs: CatchupGraphs | None = None
         self.kv_dtype = config.dtype
         self.stager = InputStager(backend, max_model_len=config.max_model_len,
                                   max_blocks_per_seq=config.max_blocks_per_seq,
@@ -96,21 +105,23 @@ class DraftModelRunner:
     @torch.inference_mode()
     def capture_cudagraphs(self, emulate: bool = False) -> None:
         """Decode graphs for the proposal forwards, as ModelRunner.capture_cudagraphs does for the target's decode
-        steps (emulate=True: eager replays on the static staging addresses; enforce_eager: the same on CUDA)."""
+        steps, and catch-up graphs in the verify layout (in the same pool) where the backend decodes several
+        query tokens per sequence (emulate=True: eager replays on the static staging addresses; enforce_eager: the
+        same on CUDA)."""
         if self.device.type != "cuda" and not emulate:
             return
         if not self.kv_caches:
             raise RuntimeError("allocate_kv_cache must run before capture_cudagraphs")
+        emulate = emulate or self.config.enforce_eager
+        forward = StagedForward(self.model, self.device)
         self.graphs = DecodeGraphs(self.max_drafting_seqs, self.hidden_size, self.config.dtype, self.device,
-                                   emulate=emulate or self.config.enforce_eager)
-        staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # size -> staged (ids, positions)
-
-        def prepare(size: int) -> ForwardContext:
-            dummy = self.stager.stage_decode(size, None, dummy=True)
-            staged[size] = (dummy.ids, dummy.positions)
-            return dummy.ctx
-
-        self.graphs.capture(prepare, lambda size: self.model(*staged[size]))
+                                   emulate=emulate)
+        self.graphs.capture(*forward.pair(lambda size: self.stager.stage_decode(size, None, dummy=True)))
+        if self.max_catchup_seqs < 1 or not hasattr(self.stager.backend, "decode_queries"):
+            return
+        self.catchup_graphs = CatchupGraphs(self.max_catchup_seqs, self.catchup_query_len, self.hidden_size,
+                                            self.config.dtype, self.device, self.stager, emulate)
+        self.catchup_graphs.capture(*forward.pair(self.catchup_graphs.stage_dummy), pool=self.graphs.pool)
 
     @torch.inference_mode()
     def propose(self, step: StepInput) -> DraftProposal | None:
@@ -165,7 +176,14 @@ class DraftModelRunner:
     def _forward(self, inputs: StepInput, ids: torch.Tensor | None, need_logits: bool) -> torch.Tensor | None:
         """One forward of the draft model on `inputs` (ids: its input ids on the device instead of
         inputs.input_ids); the logits of inputs.logits_indices (decode layout: every row) when need_logits. A
-        decode-layout forward replays a decode graph when one of its size was captured, else runs eagerly."""
+        decode-layout forward replays a decode graph when one of its size was captured, a catch-up forward a
+        catch-up graph when it fits one; others run eagerly."""
+        catchup = self.catchup_graphs if not inputs.is_decode and ids is None else None
+        catchup_padded = catchup.padded_size(inputs) if catchup is not None else None
+        if catchup is not None and catchup_padded is not None:
+            rows = catchup.stage(catchup_padded, inputs).logits_rows                          # [D] of [B * Q]
+            hidden = catchup.replay(catchup_padded, inputs.num_seqs)                          # [B * Q, H]
+            return self.model.compute_logits(hidden[rows]) if need_logits and rows is not None else None
         graphs = self.graphs if inputs.is_decode else None
         padded = graphs.padded_size(inputs.num_seqs) if graphs is not None else None
         if graphs is not None and padded is not None:
@@ -194,9 +212,10 @@ class DraftModelRunner:
         ids[rows] = proposal.ids.reshape(-1)[index]
 
     def release(self) -> None:
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
+        for graphs in (self.graphs, self.catchup_graphs):
+            if graphs is not None:
+                graphs.release()
+        self.graphs = self.catchup_graphs = None
         for layer in self.attention_layers:
             layer.k_cache = torch.empty(0)
             layer.v_cache = torch.empty(0)

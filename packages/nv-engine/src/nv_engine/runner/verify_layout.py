@@ -39,13 +39,18 @@ class VerifyLayout:
         """Whether the step is a verify step this layout holds: drafts, every sequence sampling, each with one
         token plus its drafts (a one-token prompt chunk counts as such a token), at most Q tokens, no prompt
         logprobs."""
-        if step.num_drafts is None or step.is_decode or step.prompt_logprobs is not None:
+        if step.num_drafts is None or not self.holds(step) or len(step.num_drafts) != step.num_seqs:
             return False
-        num_seqs = step.num_seqs
-        if num_seqs == 0 or len(step.num_drafts) != num_seqs:
+        return bool(np.array_equal(np.diff(step.cu_seqlens_q), step.num_drafts + 1))
+
+    def holds(self, step: StepInput) -> bool:
+        """Whether the layout holds the step's tokens: a compact-layout step (not decode) of at least one sequence,
+        each with 1 to Q query tokens, no prompt logprobs. A draft model's catch-up forward of a decode-only step
+        (runner.catchup_graphs) is such a step, without drafts."""
+        if step.is_decode or step.prompt_logprobs is not None or step.num_seqs == 0:
             return False
         q_lens = np.diff(step.cu_seqlens_q)                                            # [B]
-        return bool(np.array_equal(q_lens, step.num_drafts + 1)) and int(q_lens.max()) <= self.query_len
+        return int(q_lens.min()) >= 1 and int(q_lens.max()) <= self.query_len
 
     def rows(self, step: StepInput) -> VerifyRows:
         """The fixed layout of a step that `fits`."""

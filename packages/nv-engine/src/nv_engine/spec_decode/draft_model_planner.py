@@ -12,6 +12,8 @@ of the step + 1), in pieces of at most `max_catchup_tokens` tokens. The logits o
 token give draft 1; decode-layout forwards j = 1 .. K-1 then feed draft j at position end - 1 + j to get draft
 j + 1 (vLLM's draft-model proposer does the same chain of greedy decodes). All these positions lie in blocks the
 scheduler gave the step (the drafts' own slots). After the step, draft j's KV is valid iff draft j was accepted.
+So in steady decoding a catch-up is 1 token per sequence (a draft was rejected) or 2 (all were accepted: draft K
+and the bonus token), which the runner replays in a CUDA graph of 1 + K rows per sequence (runner.catchup_graphs).
 
 A sequence first scheduled with prefix-cache hits trusts the cached blocks' draft KV (f = num_computed_tokens):
 it is the draft's own output for those tokens unless the sequence that wrote them lagged (a decode block written
