@@ -10,8 +10,9 @@ at a large batch with speculation configured (it turns itself off above speculat
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b --sweep --large-batch 0
 
 --k: num_speculative_tokens, or a list of them (one speculative engine per value, each against the same plain
-run). Drafts adapt to each sequence's acceptance (speculative_config.adaptive_draft_length); --fixed-length drafts
-the full k wherever the lookup finds one (the behaviour before adaptive lengths).
+run). Drafts adapt to each sequence's acceptance (speculative_config.adaptive_draft_length), with either method;
+--fixed-length drafts the full k wherever the lookup finds one, or in every step with a draft model (the behaviour
+before adaptive lengths).
 
 --sweep: the crossover. Batches 1, 2, 4, 8, 16, 32, 64 (or --batches) with drafting on at every one of them
 (max_batch_size = the largest batch), then one summary line per workload: the largest batch at which speculation
@@ -20,7 +21,8 @@ still pays (speedup > 1), the max_batch_size to configure for this model and GPU
 Draft models: --draft-model DIR is a real draft (same tokenizer as --model): the only runs whose acceptance rate
 and speedup mean anything. --draft-shape SHAPE writes a random draft checkpoint of that shape (seed 1, the
 target's vocabulary): a random draft agrees with the target by chance only, so its run measures what drafting
-costs when nearly nothing is accepted (the floor). --draft-model self makes the target its own draft: every
+costs when nearly nothing is accepted: with adaptive lengths the sequences stop drafting after their first steps
+and the steps run without the draft (near plain decoding, but for the probes); with --fixed-length, the floor. --draft-model self makes the target its own draft: every
 draft is accepted, at the price of a draft as large as the target, which checks the verification path and bounds
 what a perfect draft of that cost can give. Each drafting step runs the draft's catch-up (the last 1 or 2 tokens
 per sequence) and its k-1 one-token decodes in CUDA graphs; the small-batch figures include both.
