@@ -7,6 +7,8 @@
   chi-square two-sample test), and the same test rejects a broken rejection rule.
 - The engine arguments: LLM keyword, `nv serve --speculative-config`, errors for a draft that cannot serve;
   `/metrics` of `nv serve` counting drafted and accepted tokens.
+- The adaptive draft length: a draft that disagrees with the target is turned off after the first steps (the
+  steps run without it, pipelined), one that is always accepted keeps drafting k.
 - In emulated CUDA graphs (CPU): a drafting step of decodes replays graphs only (the draft's catch-up included);
   a draft that lags after steps without drafts catches up eagerly once.
 - On CUDA (`-m gpu`): the same greedy equality through the CUDA graphs.
