@@ -10,8 +10,9 @@ at a large batch with speculation configured (it turns itself off above speculat
     python3 benchmarks/bench_spec_decode.py --random-weights --shape qwen3-0.6b --sweep --large-batch 0
 
 --k: num_speculative_tokens, or a list of them (one speculative engine per value, each against the same plain
-run). Drafts adapt to each sequence's acceptance (speculative_config.adaptive_draft_length); --fixed-length drafts
-the full k wherever the lookup finds one (the behaviour before adaptive lengths).
+run). Drafts adapt to each sequence's acceptance (speculative_config.adaptive_draft_length), with either method;
+--fixed-length drafts the full k wherever the lookup finds one, or in every step with a draft model (the behaviour
+before adaptive lengths).
 
 --sweep: the crossover. Batches 1, 2, 4, 8, 16, 32, 64 (or --batches) with drafting on at every one of them
 (max_batch_size = the largest batch), then one summary line per workload: the largest batch at which speculation
@@ -20,10 +21,12 @@ still pays (speedup > 1), the max_batch_size to configure for this model and GPU
 Draft models: --draft-model DIR is a real draft (same tokenizer as --model): the only runs whose acceptance rate
 and speedup mean anything. --draft-shape SHAPE writes a random draft checkpoint of that shape (seed 1, the
 target's vocabulary): a random draft agrees with the target by chance only, so its run measures what drafting
-costs when nearly nothing is accepted (the floor). --draft-model self makes the target its own draft: every
-draft is accepted, at the price of a draft as large as the target, which checks the verification path and bounds
-what a perfect draft of that cost can give. Each drafting step runs the draft's catch-up (the last 1 or 2 tokens
-per sequence) and its k-1 one-token decodes in CUDA graphs; the small-batch figures include both.
+costs when nearly nothing is accepted: with adaptive lengths the sequences stop drafting after their first steps
+and the steps run without the draft (near plain decoding, but for the probes); with --fixed-length, the floor.
+--draft-model self makes the target its own draft: every draft is accepted, at the price of a draft as large as
+the target, which checks the verification path and bounds what a perfect draft of that cost can give. Each
+drafting step runs the draft's catch-up (the last 1 or 2 tokens per sequence) and its k-1 one-token decodes in
+CUDA graphs; the small-batch figures include both.
 
 Workloads (greedy, ignore_eos, --max-tokens outputs per sequence):
 - repetitive: with a real model, prompts that ask to repeat a given code block; with --random-weights, prompts
@@ -100,7 +103,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--k", default="3", help="num_speculative_tokens, or a comma-separated list of them")
     parser.add_argument("--fixed-length", action="store_true",
-                        help="adaptive_draft_length false: draft the full k wherever the lookup finds one")
+                        help="adaptive_draft_length false: the full k where the lookup finds one (draft_model: always)")
     parser.add_argument("--lookup-max", type=int, default=4)
     parser.add_argument("--max-batch-size", type=int, default=32, help="speculative_config's max_batch_size")
     parser.add_argument("--large-batch", type=int, default=256, help="throughput check (0: skip)")
@@ -125,7 +128,7 @@ def main() -> None:
         write_random_checkpoint(draft, args.draft_shape, dtype="bfloat16", seed=1)
     if draft is not None:
         spec = {"method": "draft_model", "model": model if draft == "self" else draft,
-                "max_batch_size": args.max_batch_size}
+                "max_batch_size": args.max_batch_size, "adaptive_draft_length": not args.fixed_length}
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     batches = [int(b) for b in (args.batches or ("1,2,4,8,16,32,64" if args.sweep else "1,8")).split(",")]
     workloads = args.workloads.split(",")

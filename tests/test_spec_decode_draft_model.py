@@ -7,6 +7,8 @@
   chi-square two-sample test), and the same test rejects a broken rejection rule.
 - The engine arguments: LLM keyword, `nv serve --speculative-config`, errors for a draft that cannot serve;
   `/metrics` of `nv serve` counting drafted and accepted tokens.
+- The adaptive draft length: a draft that disagrees with the target is turned off after the first steps (the
+  steps run without it, pipelined), one that is always accepted keeps drafting k.
 - In emulated CUDA graphs (CPU): a drafting step of decodes replays graphs only (the draft's catch-up included);
   a draft that lags after steps without drafts catches up eagerly once.
 - On CUDA (`-m gpu`): the same greedy equality through the CUDA graphs.
@@ -226,6 +228,76 @@ def test_a_lagging_draft_catches_up_eagerly(tiny_qwen3_dir, references, monkeypa
     drafting = [(eager, catchups) for drafts, eager, catchups in steps if drafts]
     assert drafting[0] == (1, 0)
     assert len(drafting) > 2 and all(step == (0, 1) for step in drafting[1:])
+
+
+def record_steps(llm: LLM) -> list[tuple[str, int, bool]]:
+    """Wrap the core's executor: per step (path, draft tokens, whether the draft model runs in it), path
+    "pipelined" for a step launched while the previous one is still uncollected, else "alone"."""
+    core = llm.llm_engine.core
+    steps: list[tuple[str, int, bool]] = []
+    executor = core.executor
+    launch, execute = executor.launch, executor.execute
+
+    def entry(step, path: str) -> tuple[str, int, bool]:
+        drafts = 0 if step.num_drafts is None else int(step.num_drafts.sum())
+        return path, drafts, step.draft is not None
+
+    def launched(step):
+        steps.append(entry(step, "pipelined" if core._num_uncollected else "alone"))
+        return launch(step)
+
+    def executed(step):
+        steps.append(entry(step, "alone"))
+        return execute(step)
+
+    executor.launch, executor.execute = launched, executed
+    return steps
+
+
+@pytest.fixture(scope="module")
+def losing_draft_dir(make_tiny_checkpoint):
+    """A random Qwen3 of the target's shape and vocabulary whose greedy tokens the target (nearly) never shares."""
+    return make_tiny_checkpoint("qwen3", seed=3)
+
+
+def test_a_losing_draft_is_turned_off_and_steps_pipeline(tiny_qwen3_dir, losing_draft_dir):
+    """A draft that disagrees with the target (k = 3): each sequence stops drafting after its first drafting step
+    and drafts again only in probes after a growing backoff; meanwhile the steps run without the draft model and
+    pipeline like plain decoding. Greedy output equals the output without speculation."""
+    token_prompts = prompts(384)[:2]
+    params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
+    reference, _ = generate(tiny_qwen3_dir, token_prompts, params)
+    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=False, speculative_config=draft_config(losing_draft_dir))
+    assert llm.llm_engine.core.async_scheduling
+    steps = record_steps(llm)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in token_prompts], params, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    assert stats.num_accepted_tokens < 0.2 * stats.num_draft_tokens, "the premise: a draft that disagrees"
+    later = steps[8:]
+    assert sum(drafts for _, drafts, _ in later) < 0.1 * 3 * 2 * len(later)      # k = 3, 2 sequences
+    assert sum(path == "pipelined" for path, _, _ in steps) > 0.7 * len(steps)
+    assert sum(runs_draft for _, _, runs_draft in steps) < 0.2 * len(steps)
+
+
+def test_a_draft_that_is_always_accepted_keeps_drafting_k(tiny_qwen3_dir, references):
+    """The target as its own draft: every draft is accepted, so the adaptive length drafts as many tokens as a
+    fixed one (k per sequence and step, or what max_tokens leaves) and no step runs without drafts."""
+    _, fixed = generate(tiny_qwen3_dir, prompts(384), GREEDY, enable_prefix_caching=False,
+                        speculative_config=draft_config(tiny_qwen3_dir, adaptive_draft_length=False))
+    llm = LLM(str(tiny_qwen3_dir), enable_prefix_caching=False, speculative_config=draft_config(tiny_qwen3_dir))
+    steps = record_steps(llm)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts(384)], GREEDY, use_tqdm=False)
+        stats = llm.llm_engine.scheduler.stats()
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == references["plain"]
+    assert stats.num_accepted_tokens == stats.num_draft_tokens == fixed.num_draft_tokens > 0
+    assert all(drafts > 0 for _, drafts, _ in steps[1:])                 # after the prompts' step
 
 
 @pytest.mark.gpu

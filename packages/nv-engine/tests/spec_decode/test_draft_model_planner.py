@@ -119,3 +119,29 @@ def test_pure_decodes_without_drafts_skip_the_draft_and_preemption_resets_it():
     scheduler.discard_pending()
     draft = builder.build(scheduler.schedule()).draft
     assert draft is not None and draft.catchup[0].positions.tolist() == [5]
+
+
+def test_a_pipelined_step_leaves_the_placeholder_token_to_a_later_catch_up():
+    """A step scheduled before the last step's ids are back (no drafts) with a new prompt beside a decode: the
+    draft catches the decode up to its last real token only (a placeholder is no input); the next drafting step
+    catches up the token that replaced it."""
+    planner, scheduler, builder = engine(k=2, spec_max_batch_size=0)
+    a = sequence([1, 2, 3], 0)
+    scheduler.add(a)
+    builder.build(out := scheduler.schedule())
+    scheduler.postprocess_runs(out, [[4]])
+    builder.build(decode := scheduler.schedule())                         # a pure decode: the draft lags
+    scheduler.postprocess(decode, [-1])                                   # pipelined: token 5 not yet known
+    scheduler.add(sequence([7, 8], 1))
+    out = scheduler.schedule()
+    assert not out.is_pure_decode
+    draft = builder.build(out).draft
+    assert draft is not None
+    assert [c.input_ids.tolist() for c in draft.catchup] == [[4, 7, 8]]   # a's 4 (no placeholder), b's prompt
+    assert a.draft_computed_tokens == 4
+    scheduler.resolve_placeholders(decode, [5], -1)
+    scheduler.postprocess_runs(out, [[6], [9]])
+    scheduler.spec_max_batch_size = 4
+    draft = builder.build(scheduler.schedule()).draft
+    assert draft is not None
+    assert [c.input_ids.tolist() for c in draft.catchup] == [[5, 6, 9]]

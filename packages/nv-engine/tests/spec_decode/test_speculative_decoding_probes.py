@@ -34,3 +34,17 @@ def test_fixed_length_drafts_whenever_allowed():
                                max_num_batched_tokens=256)
     assert spec.policy is None
     assert spec.drafts_next([sequence(50, 90)], 0)
+
+
+def test_draft_model_adapts_with_its_own_costs_and_pipelines_only_when_adaptive():
+    """A draft model's drafting step costs its forwards too: its policy stops at acceptances where ngram's still
+    drafts; steps without drafts pipeline only where the policy can turn the draft off."""
+    ngram = SpeculativeDecoding(SpeculativeConfig(), block_size=16, max_num_batched_tokens=256)
+    draft = SpeculativeDecoding(SpeculativeConfig(model="draft"), block_size=16, max_num_batched_tokens=256)
+    assert ngram.policy is not None and draft.policy is not None
+    assert ngram.policy.best_length(0.6) == 3 and draft.policy.best_length(0.6) == 0
+    assert draft.policy.best_length(0.9) == 3
+    assert draft.pipelines
+    fixed = SpeculativeDecoding(SpeculativeConfig(model="draft", adaptive_draft_length=False), block_size=16,
+                                max_num_batched_tokens=256)
+    assert fixed.policy is None and not fixed.pipelines

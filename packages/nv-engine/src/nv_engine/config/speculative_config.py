@@ -43,12 +43,14 @@ class SpeculativeConfig:
     steps of up to max_batch_size sequences replay CUDA graphs of their own (runner.verify_graphs); with ngram,
     steps above it draft nothing and keep async scheduling.
 
-    adaptive_draft_length (ngram; on by default): num_speculative_tokens is each sequence's most, and each step a
+    adaptive_draft_length (on by default): num_speculative_tokens is each sequence's most, and each step a
     sequence drafts what its own recent acceptance pays for (spec_decode.draft_length_policy): all of them while
     nearly all are accepted, none while they are mostly rejected (then it probes again after a backoff that
-    grows with each stop), so rejected drafts stop costing steps their pipelining. Outputs are the same either
-    way (every draft is verified); False drafts num_speculative_tokens wherever the lookup finds them.
-    draft_model drafts num_speculative_tokens in every step for now."""
+    grows with each stop), so rejected drafts stop costing steps their pipelining. With draft_model, while every
+    running sequence has stopped, steps run without the draft model and pipeline like plain decoding (a draft
+    that loses is turned off; it catches up when a probe drafts again). Outputs are the same either way (every
+    draft is verified); False drafts num_speculative_tokens wherever the lookup finds them (ngram) or in every
+    step of at most max_batch_size sequences (draft_model, every step synchronous)."""
 
     method: str | None = None          # None: "draft_model" when `model` is given, else "ngram"
     num_speculative_tokens: int = 3

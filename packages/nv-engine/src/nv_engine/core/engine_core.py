@@ -16,7 +16,7 @@ input ids from step N's sampled ids on the device, and while the GPU runs step N
 N's real ids, applies EOS / stop ids and builds the updates (a sequence a stop string ends computes an extra
 token or more, dropped). So the CPU work of a step hides behind the GPU work of the next. Requests with
 penalties (which need every output id on the host when sampling) turn it off while they run, and so do steps that
-draft (ngram speculative decoding, SpeculativeDecoding.pipelines_after): the pipeline drains before such a step,
+draft (speculative decoding, SpeculativeDecoding.pipelines_after): the pipeline drains before such a step,
 which is launched right after the previous step's tokens are in, before that step's report.
 
 Structured outputs: a StructuredOutputManager holds such a request until its grammar compiled (in a worker thread),

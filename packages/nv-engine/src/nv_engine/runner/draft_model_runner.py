@@ -13,13 +13,15 @@ sequence's draft 1, then K-1 decode-layout forwards, each feeding the previous d
 temperature), or with "sampled" drawn like the target's own tokens from the draft's processed distribution q
 (the request's temperature, top-k, top-p, min-p; Gumbel noise keyed by (seed, position), salted apart from the
 target's draws; greedy rows keep the argmax), q going to the RejectionSampler (accept min(1, p/q)). The forwards
-stage their inputs with an InputStager of their own, so the target's staged inputs are untouched; the drafts
-stay on the device, go into the target's input ids and to the DraftVerifier. On CUDA a drafting step of up to
-speculative_config.max_batch_size sequences (the most a drafting step has) replays graphs only, captured with the
-target's: the catch-up in the verify graphs' fixed layout of 1 + k rows per sequence (runner.catchup_graphs), when
-each sequence has at most 1 + k tokens to catch up (every decode-only step in steady decoding), and the
-decode-layout forwards in decode graphs of their own (runner.cuda_graphs' DecodeGraphs). A catch-up that does not
-fit (prompt chunks, a draft lagging after steps without drafts) runs eagerly.
+stage their inputs with an InputStager of their own, so the target's staged inputs are untouched; the row indices
+that pick each forward's sequences, and the target's rows the drafts go to, take one pinned non-blocking copy each
+per step (a PinnedStage). The drafts stay on the device, go into the target's input ids and to the DraftVerifier.
+On CUDA a drafting step of up to speculative_config.max_batch_size sequences (the most a drafting step has)
+replays graphs only, captured with the target's: the catch-up in the verify graphs' fixed layout of 1 + k rows
+per sequence (runner.catchup_graphs), when each sequence has at most 1 + k tokens to catch up (every decode-only
+step in steady decoding), and the decode-layout forwards in decode graphs of their own (runner.cuda_graphs'
+DecodeGraphs). A catch-up that does not fit (prompt chunks, a draft lagging after steps without drafts) runs
+eagerly.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from nv_engine.runner.cuda_graphs import DecodeGraphs
 from nv_engine.runner.draft_proposal import DraftProposal
 from nv_engine.runner.dummy_step_profiler import CausalLM, KVCacheLayer
 from nv_engine.runner.input_stager import InputStager
+from nv_engine.runner.pinned_stage import PinnedStage
 from nv_engine.runner.sampling_tensors import SamplingTensorsSource
 from nv_engine.runner.staged_forward import StagedForward
 from nv_kernels import AttentionBackend
@@ -87,6 +90,9 @@ class DraftModelRunner:
         self.sampled = spec.draft_sampling == "sampled"
         self.sampling_tensors = SamplingTensorsSource(device)
         self.token_keys: torch.Tensor | None = None            # [V] the draws' per-token keys, made at first use
+        # a drafting step's row indices (the sequences of each forward; where the drafts go in the target's ids):
+        # one pinned, non-blocking copy for the draft's forwards and one for the target's ids
+        self.row_stage = PinnedStage(device)
 
     def kv_block_bytes(self) -> int:
         """The draft's KV bytes per block (all its layers, K and V)."""
@@ -136,20 +142,25 @@ class DraftModelRunner:
         if self.sampled and width and step.sampling is not None and not step.sampling.flags["all_greedy"]:
             tensors = self.sampling_tensors.for_step(step.sampling, num_seqs)
         proposal = DraftProposal(torch.zeros(num_seqs, max(width, 1), dtype=torch.int64, device=self.device), None)
-        for inputs, seqs in zip(draft.catchup, draft.catchup_seqs, strict=True):
+        seqs_of = [*draft.catchup_seqs, *draft.proposal_seqs]    # each forward's sampling sequences, [D_n] each
+        rows_of = self._upload_split(seqs_of)
+        catchup_rows = rows_of[:len(draft.catchup)]
+        for inputs, seqs, rows in zip(draft.catchup, draft.catchup_seqs, catchup_rows, strict=True):
             logits = self._forward(inputs, None, need_logits=len(seqs) > 0)                    # [D, V]
             if logits is not None:
-                proposal = self._choose(proposal, logits, self._rows(seqs), 0, tensors)
-        for j, (inputs, seqs) in enumerate(zip(draft.proposals, draft.proposal_seqs, strict=True), start=1):
-            rows = self._rows(seqs)                                                            # [D_j]
+                proposal = self._choose(proposal, logits, rows, 0, tensors)
+        for j, (inputs, rows) in enumerate(zip(draft.proposals, rows_of[len(draft.catchup):], strict=True), start=1):
             logits = self._forward(inputs, proposal.ids[rows, j - 1], need_logits=True)        # [D_j, V]
             if logits is not None:
                 proposal = self._choose(proposal, logits, rows, j, tensors)
         return proposal if width else None
 
-    def _rows(self, seqs: np.ndarray) -> torch.Tensor:
-        """Sampling-sequence indices to the device (from pageable memory: no wait on the device's queue)."""
-        return torch.from_numpy(seqs).to(self.device, non_blocking=True)
+    def _upload_split(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        """int64 arrays to the device in one pinned copy (no wait on the device's queue): a view of each."""
+        if not arrays:
+            return []
+        joined = self.row_stage.upload(np.concatenate(arrays).astype(np.int64, copy=False))
+        return list(torch.split(joined, [len(a) for a in arrays]))
 
     def _choose(self, proposal: DraftProposal, logits: torch.Tensor, rows: torch.Tensor, slot: int,
                 tensors: SamplingTensors | None) -> DraftProposal:
@@ -199,16 +210,14 @@ class DraftModelRunner:
             hidden = self.model(staged.ids, staged.positions)                                  # [T, H]
             return self.model.compute_logits(hidden) if need_logits else None
 
-    @staticmethod
-    def fill_target_ids(ids: torch.Tensor, proposal: DraftProposal, step: StepInput,
+    def fill_target_ids(self, ids: torch.Tensor, proposal: DraftProposal, step: StepInput,
                         row_of_token: np.ndarray | None = None) -> None:
         """Write the [S, K] drafts into the step's staged target input ids ([T] or padded) at their rows;
         row_of_token [T]: the staged row of each compact row (a verify graph's layout, runner.verify_layout)."""
         if step.draft is None:
             raise RuntimeError("fill_target_ids needs a step with draft inputs")
         target_rows = step.draft.target_rows if row_of_token is None else row_of_token[step.draft.target_rows]
-        rows = torch.from_numpy(target_rows).to(ids.device, non_blocking=True)     # [N]
-        index = torch.from_numpy(step.draft.draft_index).to(ids.device, non_blocking=True)    # [N]
+        rows, index = self._upload_split([target_rows, step.draft.draft_index])               # [N] each
         ids[rows] = proposal.ids.reshape(-1)[index]
 
     def release(self) -> None:

@@ -282,8 +282,8 @@ class ModelRunner:
             if self.last_sampled is None:
                 raise RuntimeError("step.prev_rows refers to a previous step that sampled nothing")
             staged.ids[staged.prev_rows] = self.last_sampled[staged.prev_src]
-        if drafts is not None:
-            DraftModelRunner.fill_target_ids(staged.ids, drafts, step, staged.row_of_token)
+        if drafts is not None and self.draft_runner is not None:
+            self.draft_runner.fill_target_ids(staged.ids, drafts, step, staged.row_of_token)
         prompt_logprobs = None                 # PromptLogprobsResult: only eager steps carry prompt rows
         if graphs is not None and padded is not None:
             hidden = graphs.replay(padded, batch)                         # [B, H]

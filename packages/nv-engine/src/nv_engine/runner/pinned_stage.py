@@ -1,5 +1,6 @@
-"""PinnedStage: one large host array per step (a structured-output token bitmask, megabytes at
-batch 256) to the device through pinned memory, without waiting for the copy.
+"""PinnedStage: a host array to the device through pinned memory, without waiting for the copy: a large
+one per step (a structured-output token bitmask, megabytes at batch 256), or a drafting step's row indices
+(runner.draft_model_runner: two uploads a step, each in its own buffer).
 
 An array that already lives in page-locked memory (StructuredOutputManager's bitmask buffers when the
 runner shares the engine's process) is copied to the device from where it is: no staging copy, no

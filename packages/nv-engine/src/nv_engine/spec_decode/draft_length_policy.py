@@ -1,7 +1,8 @@
 """DraftLengthPolicy: how many draft tokens a sequence proposes in a drafting step, 0 to num_speculative_tokens (K),
-from its own recent acceptance. Method-agnostic: it sees draft counts and accepted counts only (ngram uses it; a
-draft model's planner can cap its drafts by the same `draft_length`). Outputs do not depend on it: drafts are
-verified losslessly whatever their number; it only decides which steps draft and how much.
+from its own recent acceptance. Method-agnostic: it sees draft counts and accepted counts only; the method enters
+through the step costs (speculative_decoding.POLICY_COSTS: for ngram a drafting step costs its synchronous
+verification, for draft_model the draft's forwards too). Outputs do not depend on it: drafts are verified
+losslessly whatever their number; it only decides which steps draft and how much.
 
 The rule (the goodput rule of SmartSpec, Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large
 Language Models Using Goodput", on the expected-tokens model of Leviathan et al. 2023):
@@ -9,7 +10,8 @@ Language Models Using Goodput", on the expected-tokens model of Leviathan et al.
   emits E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens (the accepted prefix and one more);
 - cost, in pipelined plain decode steps: C(0) = 1; C(k) = verify_cost + draft_token_cost * k for k >= 1. A step
   with drafts runs synchronously (the next proposal needs its accepted tokens), so it loses the pipelining of the
-  host work behind the GPU: about twice a plain step at batch 1 (verify_cost 2.0), growing little with k there;
+  host work behind the GPU: about twice a plain step at batch 1 (verify_cost 2.0), growing little with k there
+  (draft_token_cost 0.05: ngram's defaults; a draft model's forwards cost more per draft token);
 - choose k = argmax over 0..K of E(k) / C(k), tokens per unit of time: k = 0 (no drafts) unless some k >= 1
   gives E(k) > C(k). With the defaults, K = 3 drafts where a >= 0.59, K = 5 and 7 where a >= about 0.58, and
   nothing below. The argmax per a is tabulated once (LEVELS + 1 entries), so a step costs a table lookup per

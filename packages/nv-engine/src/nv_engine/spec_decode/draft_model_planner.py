@@ -6,6 +6,9 @@ in two ways, tracked per sequence as EngineSequence.draft_computed_tokens (posit
 - pure-decode steps without drafts (large batches, the decode CUDA graphs) skip the draft model entirely;
 - after a verified step whose drafts were all accepted, the last draft's KV is missing (the draft proposed it but
   never took it as input).
+- steps without drafts may be pipelined (adaptive_draft_length stopped every sequence's drafting, or more than
+  max_batch_size sequences run): the token a sequence's last step sampled is a placeholder on the host then, so
+  such a step leaves it out of the catch-up.
 Every step the draft runs in (a step with drafts, or any step that is not a pure decode) first catches each
 scheduled sequence up: a prefill-layout forward over its tokens [f, end) (end: the target's last non-draft token
 of the step + 1), in pieces of at most `max_catchup_tokens` tokens. The logits of a drafting sequence's last
@@ -51,8 +54,10 @@ class DraftModelPlanner:
         return [PLACEHOLDER_TOKEN] * max(k, 0)
 
     def plan(self, out: SchedulerOutput, step: StepInput) -> DraftInputs | None:
-        """The draft model's forwards for this step (None: a pure decode without drafts, where the draft lags).
-        Advances each covered sequence's draft_computed_tokens to its end (accepted() adds the accepted drafts)."""
+        """The draft model's forwards for this step (None: a step without drafts with nothing to catch up, e.g. a
+        pure decode, where the draft lags). Advances each covered sequence's draft_computed_tokens to its end
+        (accepted() adds the accepted drafts). A step without drafts may be pipelined (scheduled before the last
+        step's ids are on the host): a sequence's trailing placeholder token is left for a later catch-up."""
         drafting = step.draft_ids is not None
         if not drafting and out.is_pure_decode:
             return None
@@ -70,6 +75,8 @@ class DraftModelPlanner:
             computed = seq.num_computed_tokens
             num_drafts = len(seq.spec_token_ids) if drafting else 0
             end = computed + entry.num_new_tokens - num_drafts
+            if not drafting and seq.token_ids[end - 1] == PLACEHOLDER_TOKEN:
+                end -= 1      # a pipelined step: the last step's token is not on the host yet; caught up later
             start = computed if seq.draft_computed_tokens < 0 else min(seq.draft_computed_tokens, computed)
             pieces.append((b, start, end, s if num_drafts else -1))
             seq.draft_computed_tokens = end
@@ -79,6 +86,8 @@ class DraftModelPlanner:
                 draft_index.append(s * width + j - 1)
                 if j < num_drafts:
                     proposals[j - 1].append((b, s, end - 1 + j))
+        if not drafting and all(start >= end for _, start, end, _ in pieces):
+            return None
         catchup, catchup_seqs = [], []
         for chunk in self._chunks(pieces):
             inputs, seqs = self._catchup_input(out, step.block_tables, chunk)

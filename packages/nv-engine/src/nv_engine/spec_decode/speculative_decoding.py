@@ -5,19 +5,23 @@ sequences); the step verifies them in one forward (several query tokens on top o
 prefill path: such a step is not a pure decode; up to max_batch_size sequences it replays a verify CUDA graph,
 runner.verify_graphs, else it runs eagerly or in a mixed-batch graph); the runner's DraftVerifier emits each
 sequence's run, K+1 ids per sequence padded with -1, which `runs` splits for Scheduler.postprocess_runs. Steps
-that draft run synchronously (the drafts of step N+1 are proposed from step N's tokens); with ngram, steps without
-drafts (more than max_batch_size running sequences, an unverifiable request, or drafting gone quiet: nothing to
-look up for a while) keep async scheduling, and the engine core drains the pipeline when the next step may draft
-(`pipelines`, `pipelines_after`), then schedules it (`schedule`) and launches it before it reports the step whose
-tokens it drafts from. With method "draft_model" every step is synchronous, the scheduler budgets placeholder
-drafts and a DraftModelPlanner tells the runner's DraftModelRunner what the draft model computes in the step (its
-docstring). A request whose sampling needs more than temperature / top-k / top-p / min-p (logprobs, penalties,
-bans, logit bias, allowed ids, min_tokens, a grammar) turns drafting off for every step while it runs.
-With ngram and adaptive_draft_length, a DraftLengthPolicy caps each sequence's drafts by its own recent acceptance
-(the scheduler's `draft_length`; `runs` records each step's acceptance). While every running sequence has stopped
-drafting, steps pipeline; the probes that come due then wait for every PROBE_EVERY-th step, which carries them all
-(and sequences that probed together come due together again), so probing costs at most one synchronous step in
-PROBE_EVERY whatever the batch. A step that is synchronous anyway carries every probe due.
+that draft run synchronously (the drafts of step N+1 are proposed from step N's tokens); steps without drafts
+(more than max_batch_size running sequences, an unverifiable request, drafting gone quiet: nothing to look up for
+a while, or every sequence's drafting stopped by the policy) keep async scheduling where `pipelines`, and the
+engine core drains the pipeline when the next step may draft (`pipelines_after`), then schedules it (`schedule`)
+and launches it before it reports the step whose tokens it drafts from. With method "draft_model" the scheduler
+budgets placeholder drafts and a DraftModelPlanner tells the runner's DraftModelRunner what the draft model
+computes in the step (its docstring); without adaptive_draft_length every step is synchronous. A request whose
+sampling needs more than temperature / top-k / top-p / min-p (logprobs, penalties, bans, logit bias, allowed ids,
+min_tokens, a grammar) turns drafting off for every step while it runs.
+With adaptive_draft_length (both methods, with the step costs of POLICY_COSTS), a DraftLengthPolicy caps each
+sequence's drafts by its own recent acceptance (the scheduler's `draft_length`; `runs` records each step's
+acceptance). While every running sequence has stopped drafting, steps pipeline (with draft_model they run without
+the draft model: a pure decode skips it, and it catches up when drafting resumes); the probes that come due then
+wait for every PROBE_EVERY-th step, which carries them all (and sequences that probed together come due together
+again), so probing costs at most one synchronous step in PROBE_EVERY whatever the batch. A step that is
+synchronous anyway carries every probe due. Within a drafting step each sequence drafts its own length: the draft
+model's decodes run for the longest one, each for the sequences whose drafts reach that far.
 """
 from __future__ import annotations
 
@@ -31,6 +35,14 @@ from nv_engine.spec_decode.draft_model_planner import DraftModelPlanner
 from nv_engine.spec_decode.ngram_proposer import NgramProposer
 from nv_kvcache import Scheduler, SchedulerOutput, Sequence
 
+# The DraftLengthPolicy's step costs per method, in pipelined plain decode steps (its docstring's C(k) = verify_cost
+# + draft_token_cost * k): (verify_cost, draft_token_cost).
+# ngram: a drafting step is synchronous (about twice a plain step at batch 1); a lookup on the host costs nothing.
+# draft_model: the verify step is synchronous too, but a draft model's targets are larger models, whose steps hide
+# less host work (1.5); each draft token costs one draft forward (the catch-up for draft 1, a decode for each one
+# after it), replaying a graph: about a 0.6B draft's step against an 8B target's at small batch. That is more than
+# their parameter ratio (0.07): a small model's step is bound by its kernel launches as much as by its weights.
+POLICY_COSTS = {"ngram": (2.0, 0.05), "draft_model": (1.5, 0.25)}
 QUIET_STEPS = 4    # steps in a row that could draft but did not, before steps pipeline again
 PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again; and while
                    # the policy's probes alone are due, every PROBE_EVERY-th step carries them
@@ -52,10 +64,12 @@ class SpeculativeDecoding:
                                           config.prompt_lookup_max)
         self.quiet_steps = 0       # steps since the last one with drafts, while drafting is allowed
         self.probe_wait = 0        # steps since the last probing step, while only the policy's probes are due
-        # per-sequence draft lengths (ngram only for now: the draft model's steps draft K)
-        self.policy: DraftLengthPolicy | None = (
-            DraftLengthPolicy(config.num_speculative_tokens)
-            if config.adaptive_draft_length and not config.uses_draft_model else None)
+        # per-sequence draft lengths
+        self.policy: DraftLengthPolicy | None = None
+        if config.adaptive_draft_length:
+            verify_cost, draft_token_cost = POLICY_COSTS[str(config.method)]
+            self.policy = DraftLengthPolicy(config.num_speculative_tokens, verify_cost=verify_cost,
+                                            draft_token_cost=draft_token_cost)
 
     def draft_length(self, seq: Sequence) -> int:
         """The scheduler's `draft_length`: the most drafts seq proposes this step (the policy's choice)."""
@@ -73,9 +87,11 @@ class SpeculativeDecoding:
     @property
     def pipelines(self) -> bool:
         """Whether steps without drafts may run pipelined (async scheduling, placeholders for the last step's ids).
-        ngram: yes, it proposes on the host from real tokens, in synchronous steps only. draft_model: no, its
-        catch-up forwards take every scheduled token as input, placeholders included."""
-        return not self.config.uses_draft_model
+        ngram: yes, it proposes on the host from real tokens, in synchronous steps only. draft_model: with
+        adaptive_draft_length (a draft that loses is turned off, and the steps without it should pipeline); its
+        catch-up in such a step stops before the placeholders (DraftModelPlanner.plan). Without it, no: every step
+        of at most max_batch_size sequences drafts, and keeping the others synchronous keeps the draft caught up."""
+        return not self.config.uses_draft_model or self.policy is not None
 
     def schedule(self, scheduler: Scheduler, num_unverifiable_requests: int) -> SchedulerOutput:
         """The scheduler's next step with drafts allowed (from real tokens: no placeholder may be pending)."""
