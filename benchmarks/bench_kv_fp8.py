@@ -1,6 +1,6 @@
 """FP8 KV cache against the default (bf16) cache on one GPU. Prints one JSON line per measurement.
 
-    python3 benchmarks/bench_kv_fp8.py decode-bw [--block-size 64] [--sweep]
+    python3 benchmarks/bench_kv_fp8.py decode-bw [--block-size 64] [--sweep] [--ragged]
         paged decode attention (Qwen3-0.6B shape: Hq 16, Hkv 8, D 128) at batch 256 x context 1024 and
         batch 64 x context 4096, bf16 vs FP8 cache (scales per tensor, and per (KV head, channel) as the
         engine calibrates them; V token-major as the engine stores it, and V laid out like K for
@@ -8,6 +8,9 @@
         --sweep: also times the engine's FP8 cache over the kernel's launch parameters (FP8_SWEEP: splits x
         tile x num_warps x num_stages) and prints today's launch and the five fastest, each with its share of
         the copy bandwidth (one JSON line each, "bench": "decode_bw_sweep").
+        --ragged: each sequence's context drawn uniformly from [context / 2, 3 context / 2] (seeded), as the
+        headline's decode batches hold them, instead of every context a multiple of every tile: most sequences
+        then end in a partial KV tile (read, and masked, in full).
     python3 benchmarks/bench_kv_fp8.py long [--shape qwen3-0.6b] [--num-prompts 64] [--prompt-len 3000]
                                          [--output-len 384]
         end to end through LLM.generate (random weights), auto vs fp8: output tok/s, KV blocks.
@@ -32,7 +35,15 @@ FP8_SWEEP = list(itertools.product((1, 2, 4, 8), (32, 64, 128, 256), (4, 8), (2,
 SWEEP_SHOWN = 5
 
 
-def decode_bandwidth(block_size: int, sweep: bool = False) -> None:
+def decode_lengths(batch: int, context: int, ragged: bool, seed: int = 0) -> list[int]:
+    """Per-sequence context lengths: all `context`, or (ragged) uniform in [context // 2, 3 * context // 2]."""
+    if not ragged:
+        return [context] * batch
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(context // 2, 3 * context // 2 + 1, (batch,), generator=gen).tolist()
+
+
+def decode_bandwidth(block_size: int, sweep: bool = False, ragged: bool = False) -> None:
     import triton
     from triton.testing import do_bench
 
@@ -46,7 +57,9 @@ def decode_bandwidth(block_size: int, sweep: bool = False) -> None:
     copy_bw = 2 * src.numel() * 2 / (do_bench(lambda: dst.copy_(src), rep=200, return_mode="median") * 1e-3)
     src = dst = torch.empty(0)
     for batch, context in ((256, 1024), (64, 4096)):
-        per_seq = triton.cdiv(context, block_size)
+        lengths = decode_lengths(batch, context, ragged)
+        max_len = max(lengths)
+        per_seq = triton.cdiv(max_len, block_size)
         num_blocks = batch * per_seq
         gen = torch.Generator(device="cuda").manual_seed(0)
         shape = (num_blocks, block_size, hkv, d)
@@ -54,7 +67,7 @@ def decode_bandwidth(block_size: int, sweep: bool = False) -> None:
         v = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         table = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32).view(batch, per_seq)
-        lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+        lens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
         scale = torch.tensor([0.02], device="cuda")
         per_channel = torch.full((hkv, d), 0.02, device="cuda")   # the engine's calibrated scales: [Hkv, D]
         k8, v8 = quantize(k, scale, torch.float8_e4m3fn), quantize(v, scale, torch.float8_e4m3fn)
@@ -63,21 +76,22 @@ def decode_bandwidth(block_size: int, sweep: bool = False) -> None:
                   "fp8_e4m3_per_channel": (k8, v8_tokens, {"k_scale": per_channel, "v_scale": per_channel}),
                   "fp8_e4m3_v_like_k": (k8, v8, {"k_scale": scale, "v_scale": scale})}
         for name, (kc, vc, scales) in caches.items():
-            args = (q, kc, vc, lens, table, context, d ** -0.5)
+            args = (q, kc, vc, lens, table, max_len, d ** -0.5)
             ms = do_bench(lambda args=args, scales=scales: decode_attention(*args, **scales), warmup=10, rep=100,
                           return_mode="median")
-            kv_bytes = 2 * batch * context * hkv * d * kc.element_size()
+            kv_bytes = 2 * sum(lengths) * hkv * d * kc.element_size()
             print(json.dumps({"bench": "decode_bw", "cache": name, "batch": batch, "context": context,
-                              "block_size": block_size, "ms": round(ms, 4),
+                              "ragged": ragged, "block_size": block_size, "ms": round(ms, 4),
                               "kv_gb_s": round(kv_bytes / (ms * 1e-3) / 1e9, 1),
                               "of_copy_bw": round(kv_bytes / (ms * 1e-3) / copy_bw, 3)}), flush=True)
         if sweep:
             kc, vc, scales = caches["fp8_e4m3_per_channel"]
-            sweep_fp8_launch((q, kc, vc, lens, table, context, d ** -0.5), scales, copy_bw)
+            sweep_fp8_launch((q, kc, vc, lens, table, max_len, d ** -0.5), scales, copy_bw, sum(lengths))
 
 
-def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float) -> None:
-    """Time decode_attention(*args, **scales) at every FP8_SWEEP launch; print today's and the fastest."""
+def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float, kv_tokens: int) -> None:
+    """Time decode_attention(*args, **scales) at every FP8_SWEEP launch; print today's and the fastest (kv_tokens:
+    the context tokens of all sequences together)."""
     from triton.testing import do_bench
 
     from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
@@ -85,7 +99,7 @@ def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float) -> None:
 
     q, k_cache = args[0], args[1]
     batch, (_, block_size, hkv, d), context = q.shape[0], k_cache.shape, args[5]
-    kv_bytes = 2 * batch * context * hkv * d * k_cache.element_size()
+    kv_bytes = 2 * kv_tokens * hkv * d * k_cache.element_size()
     today = dict(num_splits=choose_num_splits(batch, hkv, context, num_sms(q.device)),
                  tile=choose_tile(block_size, d, fp8=True), num_warps=4, num_stages=2)
     rows = []
@@ -176,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     bw = sub.add_parser("decode-bw")
     bw.add_argument("--block-size", type=int, default=64)
     bw.add_argument("--sweep", action="store_true", help="also sweep the FP8 decode kernel's launch parameters")
+    bw.add_argument("--ragged", action="store_true", help="contexts uniform in [context / 2, 3 context / 2]")
     long = sub.add_parser("long")
     long.add_argument("--shape", default="qwen3-0.6b")
     long.add_argument("--num-prompts", type=int, default=64)
@@ -189,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     if args.what == "decode-bw":
-        decode_bandwidth(args.block_size, args.sweep)
+        decode_bandwidth(args.block_size, args.sweep, args.ragged)
     elif args.what == "long":
         long_contexts(args.shape, args.num_prompts, args.prompt_len, args.output_len)
     else:

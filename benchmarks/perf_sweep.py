@@ -1,6 +1,7 @@
 """Decode-step profile and throughput sweeps (run on a CUDA GPU).
 
-  python3 benchmarks/perf_sweep.py --out DIR [--model DIR] [--skip-profile] [--skip-sweep]
+  python3 benchmarks/perf_sweep.py --out DIR [--model DIR] [--skip-profile] [--skip-sweep] [--graph-profile]
+                                   [--prefill-profile] [--kv-cache-dtype auto|fp8|fp8_e5m2]
 
 1. Profile: 256 sequences of 1,024 prompt tokens, all in decode; one decode step's kernels from
    torch.profiler (eager, so kernels have names), as a markdown table (kernel, time, share), plus the
@@ -9,6 +10,10 @@
    context 1,024, and against the context length (256 .. 4,096) at 64 sequences; beside each, the
    floor from bytes (weights + KV of each sequence's context per step, over the copy bandwidth
    measured in the same process). Writes sweep.json, sweep.md and sweep.png.
+3. --prefill-profile: one step that prefills 16 prompts of 1,024 tokens (16,384 tokens: the step budget, as the
+   headline's first steps), its kernels from torch.profiler (prefill_profile.md).
+--kv-cache-dtype: every engine above with this KV cache (an FP8 cache halves the floor's KV bytes); the files of
+a non-default cache carry its name (profile-fp8.md ...), so one DIR holds both.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from nv_engine.entrypoints.bench.throughput import checkpoint_parameters, copy_bandwidth
+from nv_engine.config.engine_config import KV_CACHE_DTYPES
+from nv_engine.entrypoints.bench.throughput import checkpoint_parameters, copy_bandwidth, kv_bytes_per_token
 from nv_engine.entrypoints.llm import LLM
 from nv_engine.sampling_params import SamplingParams
 
@@ -60,6 +66,11 @@ def profile_decode_kernels(engine, batch: int, ctx: int, warmup: int, steps: int
             engine.step()
         torch.cuda.synchronize()
     engine.abort_request(ids)
+    return kernel_rows(prof, steps)
+
+
+def kernel_rows(prof, steps: int) -> dict[str, tuple[float, float]]:
+    """A profile's CUDA kernels: name -> (GPU us per step, launches per step) over `steps` steps."""
     rows: dict[str, tuple[float, float]] = {}
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
@@ -69,20 +80,45 @@ def profile_decode_kernels(engine, batch: int, ctx: int, warmup: int, steps: int
     return rows
 
 
-def profile_step(llm_eager, out: Path) -> str:
-    kernels = profile_decode_kernels(llm_eager.llm_engine, 256, 1024, warmup=3, steps=5)
-    rows = {name: us for name, (us, _) in kernels.items()}
-    total = sum(rows.values())
-    lines = ["| kernel | time per step (us) | share |", "|---|---|---|"]
-    for name, t in sorted(rows.items(), key=lambda kv: -kv[1])[:25]:
-        lines.append(f"| `{name[:90]}` | {t:.1f} | {t / total:.1%} |")
-    lines.append(f"| **total GPU time** | {total:.1f} | 100% |")
-    table = "\n".join(lines)
-    (out / "profile.md").write_text(table + "\n")
+def kernel_table(kernels: dict[str, tuple[float, float]]) -> str:
+    """Markdown: the 25 kernels with the most GPU time per step, their launches per step and share."""
+    total = sum(us for us, _ in kernels.values())
+    lines = ["| kernel | time per step (us) | launches per step | share |", "|---|---|---|---|"]
+    for name, (t, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:25]:
+        lines.append(f"| `{name[:90]}` | {t:.1f} | {count:.0f} | {t / total:.1%} |")
+    lines.append(f"| **total GPU time** | {total:.1f} | {sum(c for _, c in kernels.values()):.0f} | 100% |")
+    return "\n".join(lines)
+
+
+def profile_step(llm_eager, path: Path) -> str:
+    table = kernel_table(profile_decode_kernels(llm_eager.llm_engine, 256, 1024, warmup=3, steps=5))
+    path.write_text(table + "\n")
     return table
 
 
-def graph_step_profile(llm, out: Path) -> str:
+def prefill_step_profile(llm, path: Path, num_prompts: int = 16, prompt_len: int = 1024) -> str:
+    """The kernels of one engine step that prefills `num_prompts` prompts of `prompt_len` tokens (one step when they
+    fit the step budget; one output token each, so no decode step follows); the same step on other prompts first
+    compiles its kernels."""
+    engine = llm.llm_engine
+    for tag in ("prefill-warm", "prefill-prof"):
+        ids = []
+        for i in range(num_prompts):
+            prompt = [(11 * i + 17 * j + len(tag)) % 10000 + 1 for j in range(prompt_len)]   # distinct: no hits
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt},
+                               SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1))
+            ids.append(f"{tag}-{i}")
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            engine.step()
+            torch.cuda.synchronize()
+        engine.abort_request(ids)
+    table = f"prefill step, {num_prompts} x {prompt_len} tokens\n" + kernel_table(kernel_rows(prof, 1))
+    path.write_text(table + "\n")
+    return table
+
+
+def graph_step_profile(llm, path: Path, trace: Path) -> str:
     """Steady-state decode at batch 256 with CUDA graphs: wall ms per step, GPU busy ms per step,
     and the host-side ops that take the most CPU time (what the GPU may wait for)."""
     engine = llm.llm_engine
@@ -97,7 +133,7 @@ def graph_step_profile(llm, out: Path) -> str:
             engine.step()
         torch.cuda.synchronize()
     engine.abort_request(ids)
-    prof.export_chrome_trace(str(out / "graph_trace.json"))
+    prof.export_chrome_trace(str(trace))
     gpu = sum(e.device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA) / 10
     cpu_rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]
     lines = [f"graph decode, batch 256, ctx ~1024: wall {wall * 1e3:.3f} ms/step, GPU kernels {gpu / 1e3:.3f} ms/step",
@@ -105,7 +141,7 @@ def graph_step_profile(llm, out: Path) -> str:
     for e in cpu_rows:
         lines.append(f"| `{e.key[:80]}` | {e.self_cpu_time_total / 10:.1f} | {e.count / 10:.1f} |")
     text = "\n".join(lines)
-    (out / "graph_profile.md").write_text(text + "\n")
+    path.write_text(text + "\n")
     return text
 
 
@@ -129,7 +165,7 @@ def sweep(llm, bandwidth: float, weight_bytes: int, kv_per_token: int) -> list[d
     return results
 
 
-def plot(results: list[dict], out: Path) -> None:
+def plot(results: list[dict], path: Path, kv_cache_dtype: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -146,51 +182,67 @@ def plot(results: list[dict], out: Path) -> None:
         ax.set_ylabel("decode output tok/s")
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.suptitle("nv decode throughput, Qwen3-0.6B shape, bf16, one H200")
+    kv = "" if kv_cache_dtype == "auto" else f", {kv_cache_dtype} KV cache"
+    fig.suptitle(f"nv decode throughput, Qwen3-0.6B shape, bf16{kv}")
     fig.tight_layout()
-    fig.savefig(out / "sweep.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def output_path(out: Path, name: str, kv_cache_dtype: str) -> Path:
+    """out/name, with the KV cache dtype before the suffix unless it is the default ("auto")."""
+    path = out / name
+    return path if kv_cache_dtype == "auto" else path.with_name(f"{path.stem}-{kv_cache_dtype}{path.suffix}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--out", default=".")
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--skip-sweep", action="store_true")
     p.add_argument("--graph-profile", action="store_true")
-    args = p.parse_args()
-    out = Path(args.out)
+    p.add_argument("--prefill-profile", action="store_true")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    out, kv = Path(args.out), args.kv_cache_dtype
     out.mkdir(parents=True, exist_ok=True)
+    engine_args = dict(max_model_len=4096, kv_cache_dtype=kv)
     if not args.skip_profile:
-        llm = LLM(args.model, max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=0.5,
-                  enforce_eager=True)
-        print(profile_step(llm, out), flush=True)
+        llm = LLM(args.model, max_num_seqs=256, gpu_memory_utilization=0.5, enforce_eager=True, **engine_args)
+        print(profile_step(llm, output_path(out, "profile.md", kv)), flush=True)
         llm.shutdown()
         del llm
         torch.cuda.empty_cache()
-    if args.graph_profile:
-        llm = LLM(args.model, max_model_len=4096, max_num_seqs=256, gpu_memory_utilization=0.5)
-        print(graph_step_profile(llm, out), flush=True)
+    if args.graph_profile or args.prefill_profile:
+        llm = LLM(args.model, max_num_seqs=256, gpu_memory_utilization=0.5, **engine_args)
+        if args.graph_profile:
+            print(graph_step_profile(llm, output_path(out, "graph_profile.md", kv),
+                                     output_path(out, "graph_trace.json", kv)), flush=True)
+        if args.prefill_profile:
+            print(prefill_step_profile(llm, output_path(out, "prefill_profile.md", kv)), flush=True)
         llm.shutdown()
         del llm
         torch.cuda.empty_cache()
     if not args.skip_sweep:
-        llm = LLM(args.model, max_model_len=4096, max_num_seqs=512, gpu_memory_utilization=0.9)
+        llm = LLM(args.model, max_num_seqs=512, gpu_memory_utilization=0.9, **engine_args)
         hf = llm.config.hf_config
         itemsize = torch.empty(0, dtype=llm.config.dtype).element_size()
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * itemsize
+        kv_per_token = kv_bytes_per_token(hf, llm.config.kv_dtype)   # the floor reads the cache's bytes
         bandwidth = copy_bandwidth(torch.device("cuda:0"))
         results = sweep(llm, bandwidth, checkpoint_parameters(llm.config.model) * itemsize, kv_per_token)
-        (out / "sweep.json").write_text(json.dumps(results, indent=2))
+        output_path(out, "sweep.json", kv).write_text(json.dumps(results, indent=2))
         lines = ["| sweep | sequences | context | nv tok/s | floor tok/s | ratio | ms/step |",
                  "|---|---|---|---|---|---|---|"]
         for r in results:
             lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['tok_s']:.0f} | "
                          f"{r['floor_tok_s']:.0f} | {r['floor_ratio']:.1%} | {r['step_ms']:.2f} |")
-        (out / "sweep.md").write_text("\n".join(lines) + "\n")
+        output_path(out, "sweep.md", kv).write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
-        plot(results, out)
+        plot(results, output_path(out, "sweep.png", kv), kv)
         llm.shutdown()
 
 

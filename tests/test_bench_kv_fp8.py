@@ -33,3 +33,20 @@ def test_sweep_holds_todays_launch(bench_kv_fp8, num_sms: int, block_size: int, 
     # today's launch: decode_attention's defaults on an FP8 cache (Qwen3-0.6B heads: Hkv 8, D 128)
     today = (choose_num_splits(batch, 8, context, num_sms), choose_tile(block_size, 128, fp8=True), 4, 2)
     assert today in bench_kv_fp8.FP8_SWEEP
+
+
+def test_ragged_contexts_end_in_partial_fp8_tiles(bench_kv_fp8) -> None:
+    # decode-bw's even contexts are whole FP8 tiles; --ragged ones mostly end mid-tile, as the headline's do
+    tile = choose_tile(64, 128, fp8=True)
+    assert bench_kv_fp8.decode_lengths(256, 1024, ragged=False) == [1024] * 256
+    assert all(length % tile == 0 for length in bench_kv_fp8.decode_lengths(64, 4096, ragged=False))
+    lengths = bench_kv_fp8.decode_lengths(256, 1024, ragged=True)
+    assert lengths == bench_kv_fp8.decode_lengths(256, 1024, ragged=True)   # seeded: runs compare
+    assert min(lengths) >= 512 and max(lengths) <= 1536
+    assert abs(sum(lengths) / len(lengths) - 1024) < 0.05 * 1024
+    assert sum(length % tile != 0 for length in lengths) > 0.9 * len(lengths)
+
+
+def test_decode_bw_ragged_parses(bench_kv_fp8) -> None:
+    assert bench_kv_fp8.build_parser().parse_args(["decode-bw", "--ragged"]).ragged is True
+    assert bench_kv_fp8.build_parser().parse_args(["decode-bw"]).ragged is False
