@@ -376,7 +376,7 @@ def decode_attention(
     if preload is None:
         # Under dependent launch a split program reads its first KV tile before the wait: H200, Qwen3-0.6B batch 1,
         # 43-46 us less device time per step of ~790 (BENCHMARKS.md). Not for an FP8 cache (not measured there:
-        # its 128-token tiles would sit in registers across the wait), nor without dependent launch (no wait).
+        # its 256-token tiles would sit in registers across the wait), nor without dependent launch (no wait).
         preload = pdl["USE_PDL"] and not fp8
     _decode_split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
