@@ -17,7 +17,9 @@ parsed with json.loads(strict=False); the schemas' shapes, bounds and enums are 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -277,9 +279,11 @@ def test_the_matcher_process_fills_while_the_engine_thread_launches(llm, monkeyp
     assert overlapped >= 5
 
 
-def test_a_dead_matcher_process_fails_its_requests_not_the_engine(llm):
+@pytest.mark.parametrize("unanswered", [False, True], ids=["between-steps", "job-unanswered"])
+def test_a_dead_matcher_process_fails_its_requests_not_the_engine(llm, unanswered):
     """The matcher process killed mid-run: the requests whose matchers it held fail (the step raises),
-    the engine keeps serving, and the next grammar request gets a new process."""
+    the engine keeps serving, and the next grammar request gets a new process. job-unanswered: it dies
+    after a step's job was sent and before it answered (the step fails where it waits for the bitmask)."""
     engine = llm.llm_engine
     core = engine.core
     manager = core.structured_outputs
@@ -295,8 +299,20 @@ def test_a_dead_matcher_process_fails_its_requests_not_the_engine(llm):
         process = manager.matcher_process
         assert process is not None and process.alive
         assert process.buffer_path is not None and not Path(process.buffer_path).exists()   # mapped, then unlinked
-        process._process.kill()
-        process._process.join()
+        if unanswered:
+            def send_then_die(rows, then=None):
+                del process.fill                                 # once: the class's fill serves again
+                process.wait_for(process._job_id)                # the child is idle: no reply on its way
+                os.kill(process._process.pid, signal.SIGSTOP)    # it cannot answer the job sent now
+                reply = process.fill(rows, then)
+                process._process.kill()
+                process._process.join()
+                return reply
+
+            process.fill = send_then_die
+        else:
+            process._process.kill()
+            process._process.join()
         with pytest.raises(RuntimeError, match="matcher process"):
             while engine.has_unfinished_requests():
                 engine.step()

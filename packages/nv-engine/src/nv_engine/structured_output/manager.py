@@ -167,7 +167,11 @@ class StructuredOutputManager:
 
     def start_matcher_process(self) -> MatcherProcess:
         """The matcher process, started now if it is not running (`ready` tells when it serves; the
-        first structured-outputs request starts it otherwise)."""
+        first structured-outputs request starts it otherwise). One that died after it served is
+        replaced (a step that waited for its reply fails without the manager seeing it)."""
+        process = self.matcher_process
+        if process is not None and process.ready and not process.alive:
+            self._lose_matcher_process()
         if self.matcher_process is None:
             self.matcher_process = MatcherProcess(self.max_rows, self.bitmask_width, self.pin_memory)
             self.matcher_process.start()
@@ -182,11 +186,14 @@ class StructuredOutputManager:
         if not self._held:
             return released
         process = self.matcher_process
-        if process is not None and not process.ready and not process.alive:
-            # it died before it served (nothing of it is in use): the matchers stay in this process
-            logger.warning("the grammar matcher process ended at its start (exit code %s): "
-                           "matching grammars in the engine's process", process.exitcode)
-            self._use_matcher_process = False
+        if process is not None and not process.alive:
+            if not process.ready:
+                # it died before it served (nothing of it is in use): the matchers stay in this process
+                logger.warning("the grammar matcher process ended at its start (exit code %s): "
+                               "matching grammars in the engine's process", process.exitcode)
+                self._use_matcher_process = False
+            # one that died after it served: its requests fail at their next step, and these stay in this
+            # process (the next structured-outputs request starts a new one)
             self._lose_matcher_process()
             process = None
         # a request released before the process serves keeps its matcher here (no request waits for it)
