@@ -108,7 +108,7 @@ class EngineCore:
             enable_kv_cache_events=self.kv_event_publisher is not None,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             propose=None if spec is None else spec.proposer.propose,
-            draft_length=None if spec is None or spec.policy is None else spec.draft_length)
+            draft_length=None if spec is None or spec.adaptive is None else spec.adaptive.draft_length)
         self.step_builder = StepBuilder(config.block_size, config.max_blocks_per_seq, spec and spec.draft_planner)
         self.sampling_builder = SamplingBatchBuilder(self.vocab_size, sorted(self.eos_token_ids))
         # structured outputs: grammars compile off the step; the tokenizer is loaded at the first one

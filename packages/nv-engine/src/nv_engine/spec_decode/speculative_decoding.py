@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from nv_engine.config.speculative_config import SpeculativeConfig
-from nv_engine.core.engine_sequence import EngineSequence
 from nv_engine.sampling_params import SamplingParams
+from nv_engine.spec_decode.adaptive_drafting import PROBE_EVERY, AdaptiveDrafting
 from nv_engine.spec_decode.draft_length_policy import DraftLengthPolicy
 from nv_engine.spec_decode.draft_model_planner import DraftModelPlanner
 from nv_engine.spec_decode.ngram_proposer import NgramProposer
@@ -44,8 +44,6 @@ from nv_kvcache import Scheduler, SchedulerOutput, Sequence
 # their parameter ratio (0.07): a small model's step is bound by its kernel launches as much as by its weights.
 POLICY_COSTS = {"ngram": (2.0, 0.05), "draft_model": (1.5, 0.25)}
 QUIET_STEPS = 4    # steps in a row that could draft but did not, before steps pipeline again
-PROBE_EVERY = 8    # then every PROBE_EVERY-th step is scheduled from real tokens to try drafting again; and while
-                   # the policy's probes alone are due, every PROBE_EVERY-th step carries them
 
 
 class SpeculativeDecoding:
@@ -63,19 +61,17 @@ class SpeculativeDecoding:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max)
         self.quiet_steps = 0       # steps since the last one with drafts, while drafting is allowed
-        self.probe_wait = 0        # steps since the last probing step, while only the policy's probes are due
         # per-sequence draft lengths
-        self.policy: DraftLengthPolicy | None = None
+        self.adaptive: AdaptiveDrafting | None = None
         if config.adaptive_draft_length:
             verify_cost, draft_token_cost = POLICY_COSTS[str(config.method)]
-            self.policy = DraftLengthPolicy(config.num_speculative_tokens, verify_cost=verify_cost,
-                                            draft_token_cost=draft_token_cost)
+            self.adaptive = AdaptiveDrafting(DraftLengthPolicy(config.num_speculative_tokens, verify_cost=verify_cost,
+                                                               draft_token_cost=draft_token_cost))
 
-    def draft_length(self, seq: Sequence) -> int:
-        """The scheduler's `draft_length`: the most drafts seq proposes this step (the policy's choice)."""
-        engine_seq: EngineSequence = seq   # type: ignore[assignment]  # the engine core schedules only these
-        assert self.policy is not None
-        return self.policy.draft_length(engine_seq.draft_acceptance, len(seq.token_ids))
+    @property
+    def policy(self) -> DraftLengthPolicy | None:
+        """The per-sequence draft-length policy (None: every sequence drafts num_speculative_tokens)."""
+        return None if self.adaptive is None else self.adaptive.policy
 
     @staticmethod
     def verifiable(params: SamplingParams) -> bool:
@@ -91,7 +87,7 @@ class SpeculativeDecoding:
         adaptive_draft_length (a draft that loses is turned off, and the steps without it should pipeline); its
         catch-up in such a step stops before the placeholders (DraftModelPlanner.plan). Without it, no: every step
         of at most max_batch_size sequences drafts, and keeping the others synchronous keeps the draft caught up."""
-        return not self.config.uses_draft_model or self.policy is not None
+        return not self.config.uses_draft_model or self.adaptive is not None
 
     def schedule(self, scheduler: Scheduler, num_unverifiable_requests: int) -> SchedulerOutput:
         """The scheduler's next step with drafts allowed (from real tokens: no placeholder may be pending)."""
@@ -118,30 +114,12 @@ class SpeculativeDecoding:
         if not 0 < len(running) <= self.max_batch_size(num_unverifiable_requests):
             self.quiet_steps = 0          # drafting allowed again later: try at once
             return False
-        if self.policy is not None:
-            wanted = self.sequences_want_drafts(running)
+        if self.adaptive is not None:
+            wanted = self.adaptive.sequences_want_drafts(running)
             if wanted is not None:        # no sequence drafts: probes alone decide
                 return wanted
         self.quiet_steps += 1
         return self.quiet_steps <= QUIET_STEPS or self.quiet_steps % PROBE_EVERY == 0
-
-    def sequences_want_drafts(self, running: Seq[Sequence]) -> bool | None:
-        """The policy's view of the running sequences: None where some sequence drafts (not stopped, or new: the
-        quiet rule decides); else whether this step should carry the probes due, at every PROBE_EVERY-th step
-        while some is due, False while none is."""
-        policy = self.policy
-        assert policy is not None
-        probe_due = False
-        for seq in running:
-            engine_seq: EngineSequence = seq   # type: ignore[assignment]  # the engine core schedules only these
-            state = engine_seq.draft_acceptance
-            if policy.drafting(state):
-                return None
-            probe_due = probe_due or policy.due(state, len(seq.token_ids))
-        if not probe_due:
-            return False
-        self.probe_wait += 1
-        return self.probe_wait % PROBE_EVERY == 0
 
     def max_batch_size(self, num_unverifiable_requests: int) -> int:
         """The scheduler's spec_max_batch_size for the next step (0: no drafts)."""
@@ -160,17 +138,6 @@ class SpeculativeDecoding:
         if out.num_draft_tokens:
             if self.draft_planner is not None:
                 self.draft_planner.accepted(out, runs)
-            if self.policy is not None:
-                self.record(out, runs)
+            if self.adaptive is not None:
+                self.adaptive.record(out, runs)
         return runs
-
-    def record(self, out: SchedulerOutput, runs: list[list[int]]) -> None:
-        """The policy hears each drafting sequence's drafted and accepted counts (before postprocess_runs clears
-        seq.spec_token_ids)."""
-        policy = self.policy
-        assert policy is not None
-        for entry, run in zip(out.sampling, runs, strict=True):
-            seq: EngineSequence = entry.seq   # type: ignore[assignment]  # the engine core schedules only these
-            drafted = len(seq.spec_token_ids)
-            if drafted:
-                policy.record(seq.draft_acceptance, len(seq.token_ids), drafted, max(len(run) - 1, 0))
