@@ -161,7 +161,7 @@ def test_steps_pipeline_while_the_proposer_finds_nothing(tiny_qwen3_dir):
     reference, _ = generate(tiny_qwen3_dir, prompts, GREEDY)
     llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
     core = llm.llm_engine.core
-    core.scheduler._propose = lambda token_ids, most: []
+    core.scheduler.drafts.propose = lambda token_ids, most: []
     calls = record_paths(core)
     try:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
@@ -271,7 +271,7 @@ def test_sequences_whose_drafts_all_fail_stop_drafting_and_steps_pipeline(tiny_q
 
     llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
     core = llm.llm_engine.core
-    core.scheduler._propose = wrong
+    core.scheduler.drafts.propose = wrong
     calls = record_paths(core)
     try:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

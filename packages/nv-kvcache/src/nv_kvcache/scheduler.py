@@ -23,6 +23,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 from nv_kvcache.block_manager import BlockManager
+from nv_kvcache.draft_proposals import DraftProposals
 from nv_kvcache.kv_cache_events import KVCacheEvent
 from nv_kvcache.scheduler_output import ScheduledSeq, SchedulerOutput
 from nv_kvcache.scheduler_stats import SchedulerStats
@@ -65,15 +66,18 @@ class Scheduler:
         self._pending: SchedulerOutput | None = None   # scheduled, not yet postprocessed
         self.num_preemptions = 0                 # cumulative, for stats()
         self.num_steps = 0
-        # speculative decoding: propose(token_ids, most) -> at most `most` draft tokens; drafts only in steps
-        # with at most spec_max_batch_size running sequences
-        self._propose = propose
-        self.spec_max_batch_size = spec_max_batch_size
-        self._draft_length = draft_length        # seq -> the most drafts it proposes this step; None: no cap
-        self.num_draft_tokens = 0                # cumulative, for stats()
-        self.num_accepted_tokens = 0
+        self.drafts = DraftProposals(propose, spec_max_batch_size, draft_length)   # speculative decoding
 
     # ---- queries -----------------------------------------------------------------------------
+    @property
+    def spec_max_batch_size(self) -> int:
+        """Drafts only in steps with at most this many running sequences (0: none)."""
+        return self.drafts.max_batch_size
+
+    @spec_max_batch_size.setter
+    def spec_max_batch_size(self, value: int) -> None:
+        self.drafts.max_batch_size = value
+
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -92,8 +96,8 @@ class Scheduler:
         """Queue lengths, KV usage and the cumulative prefix-cache and preemption counters (O(1))."""
         bm = self.block_manager
         return SchedulerStats(len(self.running), len(self.waiting), bm.usage, bm.num_query_tokens,
-                              bm.num_hit_tokens, self.num_preemptions, self.num_draft_tokens,
-                              self.num_accepted_tokens)
+                              bm.num_hit_tokens, self.num_preemptions, self.drafts.num_draft_tokens,
+                              self.drafts.num_accepted_tokens)
 
     def take_kv_events(self) -> list[KVCacheEvent]:
         """The block manager's prefix-cache events since the last call (recorded only when the
@@ -158,7 +162,7 @@ class Scheduler:
         partial: list[Sequence] = []     # running sequences still prefilling
 
         # 1. decodes, oldest first (with draft tokens when speculating this step)
-        drafting = self._propose is not None and len(running) <= self.spec_max_batch_size
+        drafting = self.drafts.drafting(len(running))
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -167,7 +171,7 @@ class Scheduler:
             if len(seq.token_ids) - computed != 1:
                 partial.append(seq)
                 continue
-            num_new = 1 + self._draft(seq, budget) if drafting else 1
+            num_new = 1 + self.drafts.draft(seq, budget) if drafting else 1
             if computed + num_new > len(seq.block_table) * bs:
                 reclaimed = self._grow(seq, computed + num_new, decodes, chunks, preempted)
                 if reclaimed < 0:
@@ -224,16 +228,6 @@ class Scheduler:
             self._pending = out
             self.num_steps += 1
         return out
-
-    def _draft(self, seq: Sequence, budget: int) -> int:
-        """Propose seq's drafts (seq.spec_token_ids); their count. They fit the budget after seq's own token, and
-        the emitted run (accepted + 1) cannot pass the length limit, nor draft_length(seq) where given."""
-        most = min(budget - 1, seq._length_limit - len(seq.token_ids) - 1)
-        if most > 0 and self._draft_length is not None:
-            most = min(most, self._draft_length(seq))
-        drafts = self._propose(seq.token_ids, most) if most > 0 and self._propose is not None else []
-        seq.spec_token_ids = drafts
-        return len(drafts)
 
     def _grow(self, seq: Sequence, num_tokens: int, decodes: list[ScheduledSeq],
               chunks: list[ScheduledSeq], preempted: list[Sequence]) -> int:
@@ -349,8 +343,7 @@ class Scheduler:
             elif not 1 <= len(run) <= num_drafts + 1:
                 raise ValueError(f"sequence {seq.seq_id}: a run of {len(run)} tokens after {num_drafts} drafts")
             accepted = max(len(run) - 1, 0)
-            self.num_draft_tokens += num_drafts
-            self.num_accepted_tokens += accepted
+            self.drafts.verified(num_drafts, accepted)
             # the tokens whose KV this step wrote validly: the chunk minus the rejected drafts
             seq.num_computed_tokens += entry.num_new_tokens - num_drafts + accepted
             reason = None
