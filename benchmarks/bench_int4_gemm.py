@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bench_small_gemm import graph_us
 
 from nv_kernels.int4_gemm import (
     Int4GemmConfig,
@@ -60,26 +59,6 @@ def sweep(m: int, n: int, k: int, sms: int) -> list[Int4GemmConfig]:   # n: outp
     return unique
 
 
-def graph_time_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
-    """Median microseconds per call of a CUDA graph running `calls` in turn."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times)
-
-
 def bench_shape(name: str, n: int, k: int, m: int, sms: int) -> dict:
     copies = max(2, min(MAX_COPIES, math.ceil(2 * L2_BYTES / (n * k // 2))))
     weights = [0.02 * torch.randn(n, k, device="cuda", dtype=DTYPE) for _ in range(min(copies, 4))]
@@ -90,16 +69,16 @@ def bench_shape(name: str, n: int, k: int, m: int, sms: int) -> dict:
     bf16 = [weights[i % len(weights)].clone() for i in range(bf16_copies)]
     gated = name in GATED
     result: dict = {"shape": name, "n": n, "k": k, "m": m, "gated": gated}
-    result["bf16_us"] = graph_time_us([lambda w=w: F.linear(x, w) for w in bf16])
+    result["bf16_us"] = graph_us([lambda w=w: F.linear(x, w) for w in bf16])
     if m <= SKINNY_MAX_M:
-        result["bf16_skinny_us"] = graph_time_us([lambda w=w: skinny_gemm(x, w, gated=gated) for w in bf16])
+        result["bf16_skinny_us"] = graph_us([lambda w=w: skinny_gemm(x, w, gated=gated) for w in bf16])
     want = int4_gemm_torch(x, *int4[0], gated=gated)
     timings = []
     for cfg in sweep(m, n // 2 if gated else n, k, sms):
         if relative_error(int4_gemm_triton(x, *int4[0], config=cfg, gated=gated), want) > 2e-2:
             raise SystemExit(f"{name} m={m} {cfg}: wrong result")
         calls = [lambda q=q, c=cfg: int4_gemm_triton(x, *q, config=c, gated=gated) for q in int4]
-        timings.append((graph_time_us(calls), cfg))
+        timings.append((graph_us(calls), cfg))
     heuristic_us = timings[0][0]
     best_us, best = min(timings, key=lambda t: t[0])
     bf16_best = min(result["bf16_us"], result.get("bf16_skinny_us", math.inf))

@@ -17,10 +17,10 @@ checkpoints checks nv's readers against the formats. `broken` writes a deliberat
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
+from quantized_checkpoints import copy_non_weight_files, is_projection_weight
 from safetensors.torch import load_file, save_file
 
 from nv_kernels.int4_gemm import quantize_int4
@@ -32,7 +32,6 @@ AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point":
 GPTQ_CONFIG = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
                "checkpoint_format": "gptq", "damp_percent": 0.01, "static_groups": False, "true_sequential": True,
                "lm_head": False}
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def quantize_symmetric(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,14 +85,11 @@ def write_int4_checkpoint(src: Path, dst: Path, method: str, broken: str | None 
                           ) -> Path:
     """A copy of the float checkpoint `src` in `dst` with its projections in `method`'s INT4 format ("awq" or
     "gptq"); `broken`: None, "nibble_order" or "half_scales"."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for file in src.iterdir():
-        if file.suffix != ".safetensors" and file.is_file():
-            shutil.copy(file, dst / file.name)
+    copy_non_weight_files(src, dst)
     for file in src.glob("*.safetensors"):
         tensors = {}
         for name, tensor in load_file(str(file)).items():
-            if not (name.endswith(".weight") and name.split(".")[-2] in _PROJECTIONS):
+            if not is_projection_weight(name):
                 tensors[name] = tensor
                 continue
             codes, scales, zeros = quantized(tensor, method)
@@ -118,10 +114,7 @@ def write_int4_checkpoint(src: Path, dst: Path, method: str, broken: str | None 
 def write_dequantized_checkpoint(src: Path, dst: Path, method: str) -> Path:
     """A float copy of `src` in `dst` whose projections hold `method`'s dequantized weights, (code - zero) * scale:
     the model an INT4 checkpoint of `src` stands for, run without INT4 (what HF's AWQ / GPTQ modules compute)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for file in src.iterdir():
-        if file.suffix != ".safetensors" and file.is_file():
-            shutil.copy(file, dst / file.name)
+    copy_non_weight_files(src, dst)
     weights = reference_weights(src, method)
     for file in src.glob("*.safetensors"):
         tensors = load_file(str(file))
@@ -135,7 +128,7 @@ def reference_weights(src: Path, method: str) -> dict[str, torch.Tensor]:
     weights = {}
     for file in src.glob("*.safetensors"):
         for name, tensor in load_file(str(file)).items():
-            if name.endswith(".weight") and name.split(".")[-2] in _PROJECTIONS:
+            if is_projection_weight(name):
                 codes, scales, zeros = quantized(tensor, method)
                 weights[name] = ((codes.float() - zeros.float().repeat_interleave(GROUP, 1))
                                  * scales.float().repeat_interleave(GROUP, 1))

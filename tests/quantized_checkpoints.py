@@ -17,19 +17,29 @@ from nv_kernels.fp8_block_gemm import quantize_fp8_block
 
 FP8_QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                            "weight_block_size": [128, 128]}
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def write_fp8_block_checkpoint(src: Path, dst: Path, quantization_config: dict | None = None) -> Path:
-    """A copy of the checkpoint `src` in `dst` with its projections block-FP8 quantized."""
+def is_projection_weight(name: str) -> bool:
+    """Whether a checkpoint tensor is a linear projection's weight (what a quantized checkpoint stores quantized)."""
+    return name.endswith(".weight") and name.split(".")[-2] in PROJECTIONS
+
+
+def copy_non_weight_files(src: Path, dst: Path) -> None:
+    """dst created, with every file of the checkpoint `src` but its safetensors (config, tokenizer, ...)."""
     dst.mkdir(parents=True, exist_ok=True)
     for file in src.iterdir():
         if file.suffix != ".safetensors" and file.is_file():
             shutil.copy(file, dst / file.name)
+
+
+def write_fp8_block_checkpoint(src: Path, dst: Path, quantization_config: dict | None = None) -> Path:
+    """A copy of the checkpoint `src` in `dst` with its projections block-FP8 quantized."""
+    copy_non_weight_files(src, dst)
     for file in src.glob("*.safetensors"):
         tensors = {}
         for name, tensor in load_file(str(file)).items():
-            if name.endswith(".weight") and name.split(".")[-2] in _PROJECTIONS:
+            if is_projection_weight(name):
                 tensors[name], tensors[name + "_scale_inv"] = quantize_fp8_block(tensor)
             else:
                 tensors[name] = tensor
