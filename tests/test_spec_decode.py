@@ -85,12 +85,13 @@ def test_serve_flag_parses():
 def test_verify_steps_replay_the_emulated_verify_graphs(tiny_qwen3_dir):
     """The CUDA-graph input path on CPU (replays run eagerly from the static staging addresses): every verify step
     replays a verify graph (Q = 1 + k rows per sequence, front-padded, batches padded to the captured sizes) and the
-    greedy output equals the output without speculation."""
+    greedy output equals the output without speculation. Fixed-length drafts: every step whose lookup finds drafts
+    verifies them (the adaptive policy would pipeline most of this tiny random model's steps instead)."""
     lengths = [32, 12, 32, 20]                 # sequences that finish early leave padded verify batches
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     prompts = repetitive_prompts(200)
     reference, _ = generate(tiny_qwen3_dir, prompts, GREEDY)
-    llm = LLM(str(tiny_qwen3_dir), speculative_config=NGRAM)
+    llm = LLM(str(tiny_qwen3_dir), speculative_config={**NGRAM, "adaptive_draft_length": False})
     runner = llm.llm_engine.executor.runner
     runner.capture_cudagraphs(emulate=True)
     replayed: list[tuple[int, int]] = []

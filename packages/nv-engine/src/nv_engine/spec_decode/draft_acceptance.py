@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class DraftAcceptance:
-    __slots__ = ("accepted", "backoff", "resume_at", "streak", "tested")
+    __slots__ = ("accepted", "asked", "backoff", "found", "resume_at", "streak", "tested")
 
     def __init__(self) -> None:
         # exponentially decayed counts over the sequence's drafting steps: draft tokens the target accepted, and
@@ -16,3 +16,7 @@ class DraftAcceptance:
         self.resume_at = 0
         self.backoff = 0      # tokens the next stop waits (0: the policy's shortest)
         self.streak = 0       # drafting steps since the last probe, while drafting goes on
+        # exponentially decayed counts over the drafting steps that asked the sequence for drafts (its draft length
+        # above 0): asked, and those in which the proposer found some (an ngram lookup may find nothing)
+        self.asked = 0.0
+        self.found = 0.0

@@ -20,7 +20,9 @@ acceptance). While every running sequence has stopped drafting, steps pipeline (
 the draft model: a pure decode skips it, and it catches up when drafting resumes); the probes that come due then
 wait for every PROBE_EVERY-th step, which carries them all (and sequences that probed together come due together
 again), so probing costs at most one synchronous step in PROBE_EVERY whatever the batch. A step that is
-synchronous anyway carries every probe due. Within a drafting step each sequence drafts its own length: the draft
+synchronous anyway carries every probe due. The policy's batch rule weighs the running sequences together (a
+drafting step is synchronous for all of them): where it says drafting does not pay, no step drafts and steps
+pipeline, but for refresh steps (AdaptiveDrafting) that keep the estimates current. Within a drafting step each sequence drafts its own length: the draft
 model's decodes run for the longest one, each for the sequences whose drafts reach that far.
 """
 from __future__ import annotations
@@ -90,8 +92,12 @@ class SpeculativeDecoding:
         return not self.config.uses_draft_model or self.adaptive is not None
 
     def schedule(self, scheduler: Scheduler, num_unverifiable_requests: int) -> SchedulerOutput:
-        """The scheduler's next step with drafts allowed (from real tokens: no placeholder may be pending)."""
-        scheduler.spec_max_batch_size = self.max_batch_size(num_unverifiable_requests)
+        """The scheduler's next step with drafts allowed (from real tokens: no placeholder may be pending), unless
+        the adaptive policy's batch rule says a drafting step does not pay for the running sequences."""
+        limit = self.max_batch_size(num_unverifiable_requests)
+        if limit and self.adaptive is not None and not self.adaptive.step_may_draft(scheduler.running):
+            limit = 0
+        scheduler.spec_max_batch_size = limit
         return scheduler.schedule()
 
     def pipelines_after(self, launched: SchedulerOutput, running: Seq[Sequence],
