@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="drafting at every batch; print the crossover")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--k", default="3", help="num_speculative_tokens, or a comma-separated list of them")
+    parser.add_argument("--k", default="5", help="num_speculative_tokens, or a comma-separated list of them")
     parser.add_argument("--fixed-length", action="store_true",
                         help="adaptive_draft_length false: the full k where the lookup finds one (draft_model: always)")
     parser.add_argument("--lookup-max", type=int, default=4)

@@ -33,7 +33,7 @@ class StubScheduler:
 
 
 def test_stopped_sequences_pipeline_and_due_probes_share_every_probe_every_th_step():
-    spec = SpeculativeDecoding(SpeculativeConfig(), block_size=16, max_num_batched_tokens=256)
+    spec = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3), block_size=16, max_num_batched_tokens=256)
     waiting = [sequence(50, 60), sequence(50, 90)]
     assert not any(spec.drafts_next(waiting, 0) for _ in range(3 * PROBE_EVERY))     # no probe due: pipelined
     due = [sequence(50, 40), sequence(50, 45), sequence(50, 90)]
@@ -54,8 +54,8 @@ def test_fixed_length_drafts_whenever_allowed():
 def test_draft_model_adapts_with_its_own_costs_and_pipelines_only_when_adaptive():
     """A draft model's drafting step costs its forwards too: its policy stops at acceptances where ngram's still
     drafts; steps without drafts pipeline only where the policy can turn the draft off."""
-    ngram = SpeculativeDecoding(SpeculativeConfig(), block_size=16, max_num_batched_tokens=256)
-    draft = SpeculativeDecoding(SpeculativeConfig(model="draft"), block_size=16, max_num_batched_tokens=256)
+    ngram = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3), block_size=16, max_num_batched_tokens=256)
+    draft = SpeculativeDecoding(SpeculativeConfig(model="draft", num_speculative_tokens=3), block_size=16, max_num_batched_tokens=256)
     assert ngram.policy is not None and draft.policy is not None
     assert ngram.policy.best_length(0.6) == 3 and draft.policy.best_length(0.6) == 0
     assert draft.policy.best_length(0.9) == 3
@@ -69,7 +69,7 @@ def test_a_batch_whose_drafting_does_not_pay_pipelines_with_doubling_refreshes()
     """Sequences that draft well when their lookup finds something, but find it in a third of the steps (random
     prompts at batch 8: measured 0.80-0.94x of plain before the batch rule): no step drafts but refresh steps,
     after 8, 16, 32, then every 64 steps; the refresh is scheduled with drafts, any other step without."""
-    spec = SpeculativeDecoding(SpeculativeConfig(), block_size=16, max_num_batched_tokens=256)
+    spec = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3), block_size=16, max_num_batched_tokens=256)
     batch = [sequence(50, -1, acceptance=0.77, find_rate=0.34) for _ in range(8)]
     scheduler = StubScheduler(batch)
     assert spec.schedule(scheduler, 0) == 0                      # after a drafting step: no more drafts
@@ -82,7 +82,7 @@ def test_a_batch_whose_drafting_does_not_pay_pipelines_with_doubling_refreshes()
 
 
 def test_a_batch_whose_drafting_pays_drafts_and_starts_refreshes_over():
-    spec = SpeculativeDecoding(SpeculativeConfig(), block_size=16, max_num_batched_tokens=256)
+    spec = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3), block_size=16, max_num_batched_tokens=256)
     poor = [sequence(50, -1, acceptance=0.77, find_rate=0.34) for _ in range(8)]
     for _ in range(30):
         spec.drafts_next(poor, 0)                                # waits now 32 steps for its next refresh
