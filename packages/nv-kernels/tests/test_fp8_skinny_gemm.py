@@ -160,14 +160,24 @@ def test_rejects_what_it_cannot_compute(interp: ModuleType) -> None:
 
 
 def test_configurations_fit_the_scale_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From the bf16 choice: tiles within one scale row; tensor-core tiles halved along K to at most 128; a
-    measured FP8 entry wins."""
-    for rows, k, gated in [(6144, 4096, False), (4096, 4096, False), (24576, 4096, True), (4096, 12288, False)]:
+    """From the bf16 choice (shapes without a measured FP8 entry): tiles within one scale row; tensor-core tiles
+    halved along K to at most 128. A measured FP8 entry wins, fitted to the scale blocks as well."""
+    import nv_kernels.fp8_skinny_gemm_config as fp8_config
+
+    shapes = [(6144, 4096, False), (4096, 4096, False), (24576, 4096, True), (4096, 12288, False)]   # Qwen3-8B
+    measured = {(rows, k, m, gated): choose_fp8_config(rows, k, m, gated) for rows, k, gated in shapes
+                for m in (1, 4, 16)}
+    assert all(cfg == FP8_TUNED_CONFIGS[key] for key, cfg in measured.items())
+    monkeypatch.setattr(fp8_config, "FP8_TUNED_CONFIGS", {})
+    for rows, k, gated in shapes:
         for m in (1, 4, 16):
-            cfg = choose_fp8_config(rows, k, m, gated)
-            assert 128 % cfg.block_n == 0 and (not gated or (rows // 2) % cfg.block_n == 0)
-            assert cfg.use_dot == (m > 1) and (not cfg.use_dot or cfg.block_k <= 128)
+            for cfg in (choose_fp8_config(rows, k, m, gated), measured[(rows, k, m, gated)]):
+                assert 128 % cfg.block_n == 0 and (not gated or (rows // 2) % cfg.block_n == 0)
+                assert cfg.use_dot == (m > 1)
+            derived = choose_fp8_config(rows, k, m, gated)
+            assert not derived.use_dot or derived.block_k <= 128
     assert choose_fp8_config(4096, 4096, 1, False) == TUNED_CONFIGS[(4096, 4096, 1, False)]   # M 1: as bf16
+    monkeypatch.undo()
     narrow = fit_to_scale_blocks(SkinnyGemmConfig(block_n=64, use_dot=True), 40, gated=True)
     assert narrow.block_n == 8 and not narrow.use_dot                     # tl.dot needs 16 columns
     tuned = SkinnyGemmConfig(block_n=16, block_k=512, split_k=4, num_warps=8)

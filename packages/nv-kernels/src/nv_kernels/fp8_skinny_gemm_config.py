@@ -8,7 +8,9 @@ same whether the codes are e4m3 or bf16 (both widened to fp32), so a tile that f
 bf16 does in FP8, with half the bytes in flight. On the tensor cores the bf16 kernel feeds tl.dot from shared
 memory, while the FP8 tile is widened to bf16 in registers: compiled for sm_90, BLOCK_K 256 took 106-255
 registers per thread where bf16 takes 48-80 (gate_up spilled), BLOCK_K 128 takes 63-128; so the tensor-core
-path halves BLOCK_K (to at most 128) and pipelines one stage deeper. `fit_to_scale_blocks` then keeps each tile
+path halves BLOCK_K (to at most 128) and pipelines one stage deeper. That is a starting point, not a rule: the
+measured Qwen3-8B entries below keep BLOCK_K 256 on the tensor cores for qkv, o and down (gate_up, the spilling
+one, takes 128). `fit_to_scale_blocks` then keeps each tile
 inside one row of 128 x 128 scale blocks (BLOCK_N divides 128, and with gated the up offset too).
 """
 from __future__ import annotations
@@ -23,8 +25,37 @@ from nv_kernels.sm_count import cuda_sm_count
 SCALE_BLOCK = 128
 
 # (weight rows N_w, K, M bucket, gated) -> the measured best configuration; shapes not listed start from the
-# bf16 skinny GEMM's table or heuristic (see above).
-FP8_TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig] = {}
+# bf16 skinny GEMM's table or heuristic (see above). The Qwen3-8B projections at 1, 4 and 16 rows, measured on one
+# H100 (2026-12-07, `bench_small_gemm.py --fp8 --models 8b --m 4,16,1 --table`), us per call against the derived
+# configuration and the bf16 skinny GEMM: one row qkv 11.5 (12.7; bf16 19.0), o 9.0 (9.2; 13.5), gate_up 39.2
+# (51.0; 65.8), down 26.4 (same; 36.8); at 4 and 16 rows the tensor-core tiles below take qkv from 32.7 to 20.4,
+# o 17.9 to 15.6, down 43.6 to 38.5 (bf16 20.1, 15.4, 37.6) and gate_up stays at 55.5 (bf16 68.4).
+FP8_TUNED_CONFIGS: dict[tuple[int, int, int, bool], SkinnyGemmConfig] = {
+    (6144, 4096, 1, False): SkinnyGemmConfig(block_n=8, block_k=4096, split_k=1, num_warps=8, num_stages=1,
+                                             use_dot=False),                                  # 8B qkv
+    (6144, 4096, 4, False): SkinnyGemmConfig(block_n=32, block_k=256, split_k=2, num_warps=4, num_stages=4,
+                                             use_dot=True),
+    (6144, 4096, 16, False): SkinnyGemmConfig(block_n=32, block_k=256, split_k=2, num_warps=4, num_stages=4,
+                                              use_dot=True),
+    (4096, 4096, 1, False): SkinnyGemmConfig(block_n=4, block_k=4096, split_k=1, num_warps=8, num_stages=1,
+                                             use_dot=False),                                  # 8B o
+    (4096, 4096, 4, False): SkinnyGemmConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=4,
+                                             use_dot=True),
+    (4096, 4096, 16, False): SkinnyGemmConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=4,
+                                              use_dot=True),
+    (24576, 4096, 1, True): SkinnyGemmConfig(block_n=8, block_k=4096, split_k=1, num_warps=8, num_stages=1,
+                                             use_dot=False),                                  # 8B gate_up
+    (24576, 4096, 4, True): SkinnyGemmConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
+                                             use_dot=True),
+    (24576, 4096, 16, True): SkinnyGemmConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
+                                              use_dot=True),
+    (4096, 12288, 1, False): SkinnyGemmConfig(block_n=32, block_k=512, split_k=2, num_warps=4, num_stages=2,
+                                              use_dot=False),                                 # 8B down
+    (4096, 12288, 4, False): SkinnyGemmConfig(block_n=32, block_k=256, split_k=2, num_warps=4, num_stages=4,
+                                              use_dot=True),
+    (4096, 12288, 16, False): SkinnyGemmConfig(block_n=32, block_k=256, split_k=2, num_warps=4, num_stages=4,
+                                               use_dot=True),
+}
 
 
 def fit_to_scale_blocks(config: SkinnyGemmConfig, n_out: int, gated: bool) -> SkinnyGemmConfig:
