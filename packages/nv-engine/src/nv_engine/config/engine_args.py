@@ -150,10 +150,12 @@ class EngineArgs:
         None, 'KV-cache events for KV-aware routers, JSON: {"enable_kv_cache_events": true, "publisher": '
         '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"} (default: off)', type=json.loads)
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = _arg(
-        None, 'speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
-        '"prompt_lookup_max": 4, "max_batch_size": 32} (no drafts in steps with more running sequences), or a draft '
-        'model with the same vocabulary: {"method": "draft_model", "model": PATH, "num_speculative_tokens": 3, '
-        '"draft_sampling": "greedy" or "sampled"} (default: off)', type=json.loads)
+        None, 'speculative decoding, JSON (the defaults shown): {"method": "ngram", "num_speculative_tokens": 5, '
+        '"prompt_lookup_min": 1, "prompt_lookup_max": 4, "max_batch_size": 32, "adaptive_draft_length": true} (no '
+        'drafts in steps with more running sequences; each sequence drafts what its own acceptance pays for, at most '
+        'num_speculative_tokens), or a draft model with the same vocabulary: {"method": "draft_model", "model": '
+        'PATH, "num_speculative_tokens": 5, "draft_sampling": "greedy" or "sampled"} (default: off)',
+        type=json.loads)
     # ---- features nv does not have -----------------------------------------------------------
     enable_lora: bool = _arg(False, "only off: nv has no LoRA adapters", type=bool)
     max_lora_rank: int = _arg(16, "accepted for compatibility; no effect (no LoRA)", type=int)
