@@ -1,13 +1,15 @@
 """FP8 KV cache against the default (bf16) cache on one GPU. Prints one JSON line per measurement.
 
-    python3 benchmarks/bench_kv_fp8.py decode-bw [--block-size 64] [--sweep] [--ragged]
+    python3 benchmarks/bench_kv_fp8.py decode-bw [--block-size 64] [--sweep] [--ragged] [--shapes 256x1024,64x4096]
+                                                 [--tiles 32,64,128,256]
         paged decode attention (Qwen3-0.6B shape: Hq 16, Hkv 8, D 128) at batch 256 x context 1024 and
-        batch 64 x context 4096, bf16 vs FP8 cache (scales per tensor, and per (KV head, channel) as the
-        engine calibrates them; V token-major as the engine stores it, and V laid out like K for
-        comparison): KV bytes read / time, over the copy bandwidth.
+        batch 64 x context 4096 (or --shapes: BATCHxCONTEXT, ...), bf16 vs FP8 cache (scales per tensor, and per
+        (KV head, channel) as the engine calibrates them; V token-major as the engine stores it, and V laid out
+        like K for comparison): KV bytes read / time, over the copy bandwidth.
         --sweep: also times the engine's FP8 cache over the kernel's launch parameters (FP8_SWEEP: splits x
-        tile x num_warps x num_stages) and prints today's launch and the five fastest, each with its share of
-        the copy bandwidth (one JSON line each, "bench": "decode_bw_sweep").
+        tile x num_warps x num_stages; --tiles keeps those tiles only) and prints today's launch, the five
+        fastest and the fastest at each split count ("best_at_splits": what a rule for choose_num_splits needs),
+        each with its share of the copy bandwidth (one JSON line each, "bench": "decode_bw_sweep").
         --ragged: each sequence's context drawn uniformly from [context / 2, 3 context / 2] (seeded), as the
         headline's decode batches hold them, instead of every context a multiple of every tile: most sequences
         then end in a partial KV tile (read, and masked, in full).
@@ -33,6 +35,37 @@ import torch
 # holds today's launch (decode_tuning's splits and FP8 tile, 4 warps, 2 stages) at both shapes
 FP8_SWEEP = list(itertools.product((1, 2, 4, 8), (32, 64, 128, 256), (4, 8), (2, 3, 4)))
 SWEEP_SHOWN = 5
+DEFAULT_SHAPES = ((256, 1024), (64, 4096))
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """"256x1024,64x4096" -> ((256, 1024), (64, 4096)): (batch, context) pairs."""
+    shapes = []
+    for item in text.split(","):
+        batch, sep, context = item.strip().partition("x")
+        if not sep or not batch.isdigit() or not context.isdigit() or int(batch) < 1 or int(context) < 1:
+            raise argparse.ArgumentTypeError(f"a shape is BATCHxCONTEXT (positive integers), got {item!r}")
+        shapes.append((int(batch), int(context)))
+    return tuple(shapes)
+
+
+def parse_tiles(text: str) -> tuple[int, ...]:
+    """"64,128" -> (64, 128): tiles of FP8_SWEEP."""
+    known = sorted({tile for _, tile, _, _ in FP8_SWEEP})
+    tiles = tuple(int(t) for t in text.split(",") if t.strip().isdigit())
+    if not tiles or any(t not in known for t in tiles):
+        raise argparse.ArgumentTypeError(f"--tiles takes tiles of the sweep ({known}), got {text!r}")
+    return tiles
+
+
+def best_per_split(rows: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
+    """(ms, launch config) rows -> the fastest row at each num_splits, by split count."""
+    best: dict[int, tuple[float, dict]] = {}
+    for ms, config in rows:
+        splits = config["num_splits"]
+        if splits not in best or ms < best[splits][0]:
+            best[splits] = (ms, config)
+    return [best[splits] for splits in sorted(best)]
 
 
 def decode_lengths(batch: int, context: int, ragged: bool, seed: int = 0) -> list[int]:
@@ -43,7 +76,9 @@ def decode_lengths(batch: int, context: int, ragged: bool, seed: int = 0) -> lis
     return torch.randint(context // 2, 3 * context // 2 + 1, (batch,), generator=gen).tolist()
 
 
-def decode_bandwidth(block_size: int, sweep: bool = False, ragged: bool = False) -> None:
+def decode_bandwidth(block_size: int, sweep: bool = False, ragged: bool = False,
+                     shapes: tuple[tuple[int, int], ...] = DEFAULT_SHAPES,
+                     tiles: tuple[int, ...] | None = None) -> None:
     import triton
     from triton.testing import do_bench
 
@@ -56,7 +91,7 @@ def decode_bandwidth(block_size: int, sweep: bool = False, ragged: bool = False)
     dst = torch.empty_like(src)
     copy_bw = 2 * src.numel() * 2 / (do_bench(lambda: dst.copy_(src), rep=200, return_mode="median") * 1e-3)
     src = dst = torch.empty(0)
-    for batch, context in ((256, 1024), (64, 4096)):
+    for batch, context in shapes:
         lengths = decode_lengths(batch, context, ragged)
         max_len = max(lengths)
         per_seq = triton.cdiv(max_len, block_size)
@@ -86,12 +121,13 @@ def decode_bandwidth(block_size: int, sweep: bool = False, ragged: bool = False)
                               "of_copy_bw": round(kv_bytes / (ms * 1e-3) / copy_bw, 3)}), flush=True)
         if sweep:
             kc, vc, scales = caches["fp8_e4m3_per_channel"]
-            sweep_fp8_launch((q, kc, vc, lens, table, max_len, d ** -0.5), scales, copy_bw, sum(lengths))
+            sweep_fp8_launch((q, kc, vc, lens, table, max_len, d ** -0.5), scales, copy_bw, sum(lengths), tiles)
 
 
-def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float, kv_tokens: int) -> None:
-    """Time decode_attention(*args, **scales) at every FP8_SWEEP launch; print today's and the fastest (kv_tokens:
-    the context tokens of all sequences together)."""
+def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float, kv_tokens: int,
+                     tiles: tuple[int, ...] | None = None) -> None:
+    """Time decode_attention(*args, **scales) at every FP8_SWEEP launch (of these tiles; None: all); print today's,
+    the fastest and the fastest per split count (kv_tokens: the context tokens of all sequences together)."""
     from triton.testing import do_bench
 
     from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
@@ -104,6 +140,8 @@ def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float, kv_tokens: int) 
                  tile=choose_tile(block_size, d, fp8=True), num_warps=4, num_stages=2)
     rows = []
     for splits, tile, warps, stages in FP8_SWEEP:
+        if tiles is not None and tile not in tiles:
+            continue
         config = dict(num_splits=splits, tile=tile, num_warps=warps, num_stages=stages)
         try:
             ms = do_bench(lambda config=config: decode_attention(*args, **scales, **config), warmup=10, rep=50,
@@ -114,8 +152,9 @@ def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float, kv_tokens: int) 
         rows.append((ms, config))
     rows.sort(key=lambda row: row[0])
     today_rows = [row for row in rows if row[1] == today]
-    for label, (ms, config) in [("today", row) for row in today_rows] + [("fastest", row)
-                                                                          for row in rows[:SWEEP_SHOWN]]:
+    shown = ([("today", row) for row in today_rows] + [("fastest", row) for row in rows[:SWEEP_SHOWN]]
+             + [("best_at_splits", row) for row in best_per_split(rows)])
+    for label, (ms, config) in shown:
         print(json.dumps({"bench": "decode_bw_sweep", "which": label, "batch": batch, "context": context,
                           "block_size": block_size, **config, "ms": round(ms, 4),
                           "of_copy_bw": round(kv_bytes / (ms * 1e-3) / copy_bw, 3)}), flush=True)
@@ -191,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--block-size", type=int, default=64)
     bw.add_argument("--sweep", action="store_true", help="also sweep the FP8 decode kernel's launch parameters")
     bw.add_argument("--ragged", action="store_true", help="contexts uniform in [context / 2, 3 context / 2]")
+    bw.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES,
+                    help="BATCHxCONTEXT,... (default 256x1024,64x4096)")
+    bw.add_argument("--tiles", type=parse_tiles, default=None, help="--sweep: only these tiles, e.g. 128")
     long = sub.add_parser("long")
     long.add_argument("--shape", default="qwen3-0.6b")
     long.add_argument("--num-prompts", type=int, default=64)
@@ -204,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     if args.what == "decode-bw":
-        decode_bandwidth(args.block_size, args.sweep, args.ragged)
+        decode_bandwidth(args.block_size, args.sweep, args.ragged, args.shapes, args.tiles)
     elif args.what == "long":
         long_contexts(args.shape, args.num_prompts, args.prompt_len, args.output_len)
     else:

@@ -50,3 +50,24 @@ def test_ragged_contexts_end_in_partial_fp8_tiles(bench_kv_fp8) -> None:
 def test_decode_bw_ragged_parses(bench_kv_fp8) -> None:
     assert bench_kv_fp8.build_parser().parse_args(["decode-bw", "--ragged"]).ragged is True
     assert bench_kv_fp8.build_parser().parse_args(["decode-bw"]).ragged is False
+
+
+def test_decode_bw_shapes_and_tiles_parse(bench_kv_fp8) -> None:
+    parser = bench_kv_fp8.build_parser()
+    args = parser.parse_args(["decode-bw", "--sweep", "--shapes", "32x2048, 128x1024", "--tiles", "128"])
+    assert (args.shapes, args.tiles) == (((32, 2048), (128, 1024)), (128,))
+    defaults = parser.parse_args(["decode-bw"])
+    assert defaults.shapes == ((256, 1024), (64, 4096)) and defaults.tiles is None
+    for bad in (["--shapes", "256"], ["--shapes", "0x1024"], ["--tiles", "96"], ["--tiles", ""]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["decode-bw", *bad])
+
+
+def test_best_per_split_keeps_the_fastest_launch_of_each_split_count(bench_kv_fp8) -> None:
+    def launch(splits: int, tile: int) -> dict:
+        return {"num_splits": splits, "tile": tile, "num_warps": 4, "num_stages": 2}
+
+    rows = [(0.30, launch(1, 256)), (0.21, launch(4, 128)), (0.25, launch(1, 128)), (0.22, launch(2, 128)),
+            (0.24, launch(4, 64))]
+    assert bench_kv_fp8.best_per_split(rows) == [(0.25, launch(1, 128)), (0.22, launch(2, 128)),
+                                                 (0.21, launch(4, 128))]
