@@ -115,13 +115,13 @@ def test_bad_arguments():
 def test_find_rate_counts_the_steps_that_asked_for_drafts():
     policy = DraftLengthPolicy(3)
     state = DraftAcceptance()
-    assert policy.expected_step(state, 10) == pytest.approx(((1 - 0.8 ** 4) / 0.2, 3.0))   # new: prior, K drafts
+    assert policy.expected_step(state) == pytest.approx(((1 - 0.8 ** 4) / 0.2, 3.0))   # new: prior, K drafts
     for found in (True, False, False, True, False, False):       # the lookup finds drafts in a third of the steps
         policy.asked(state)
         if found:
             policy.record(state, 10, 3, 3)
     assert 0.0 < state.found < state.asked
-    tokens, drafts = policy.expected_step(state, 10)
+    tokens, drafts = policy.expected_step(state)
     find_rate = state.found / state.asked
     assert drafts == pytest.approx(3 * find_rate) and 1.0 < tokens < 1.0 + 3 * find_rate + 1e-9
 
@@ -133,7 +133,7 @@ def test_batch_rule_weighs_expected_tokens_against_the_shared_step():
         state = DraftAcceptance()
         state.accepted, state.tested, state.resume_at = 10.0 * acceptance, 10.0, -1
         state.asked, state.found = 10.0, 10.0 * find_rate
-        return policy.expected_step(state, 100)
+        return policy.expected_step(state)
 
     # random prompts at batch 8 (one H100, before the rule): acceptance 0.77, a third of the asks found drafts
     assert not policy.batch_pays([expected(0.77, 0.34)] * 8)
@@ -143,6 +143,6 @@ def test_batch_rule_weighs_expected_tokens_against_the_shared_step():
     assert policy.batch_pays([expected(0.88, 0.8)] * 8) and policy.batch_pays([expected(0.88, 0.8)])
     stopped = DraftAcceptance()
     stopped.accepted, stopped.tested, stopped.resume_at = 0.0, 2.0, 500
-    assert policy.expected_step(stopped, 100) == (1.0, 0.0)
-    assert not policy.batch_pays([policy.expected_step(stopped, 100)] * 4)
-    assert policy.batch_pays([policy.expected_step(DraftAcceptance(), 100)])     # a new sequence probes at once
+    assert policy.expected_step(stopped) == (1.0, 0.0)
+    assert not policy.batch_pays([policy.expected_step(stopped)] * 4)
+    assert policy.batch_pays([policy.expected_step(DraftAcceptance())])     # a new sequence probes at once

@@ -54,8 +54,10 @@ def test_fixed_length_drafts_whenever_allowed():
 def test_draft_model_adapts_with_its_own_costs_and_pipelines_only_when_adaptive():
     """A draft model's drafting step costs its forwards too: its policy stops at acceptances where ngram's still
     drafts; steps without drafts pipeline only where the policy can turn the draft off."""
-    ngram = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3), block_size=16, max_num_batched_tokens=256)
-    draft = SpeculativeDecoding(SpeculativeConfig(model="draft", num_speculative_tokens=3), block_size=16, max_num_batched_tokens=256)
+    ngram = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3), block_size=16,
+                                max_num_batched_tokens=256)
+    draft = SpeculativeDecoding(SpeculativeConfig(model="draft", num_speculative_tokens=3), block_size=16,
+                                max_num_batched_tokens=256)
     assert ngram.policy is not None and draft.policy is not None
     assert ngram.policy.best_length(0.6) == 3 and draft.policy.best_length(0.6) == 0
     assert draft.policy.best_length(0.9) == 3
@@ -97,3 +99,15 @@ def test_a_batch_whose_drafting_pays_drafts_and_starts_refreshes_over():
     assert spec.drafts_next(pair, 0) is True and spec.schedule(StubScheduler(pair), 0) == spec.config.max_batch_size
     four = [good] + [sequence(50, 900) for _ in range(3)]
     assert not spec.drafts_next(four, 0) and spec.schedule(StubScheduler(four), 0) == 0
+
+
+def test_batches_above_max_batch_size_skip_the_batch_rule():
+    """More running sequences than max_batch_size draft nothing anyway (the scheduler's own limit): the batch rule is
+    not evaluated for them, so a large batch's synchronous steps pay nothing per sequence for it."""
+    spec = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3, max_batch_size=4), block_size=16,
+                               max_num_batched_tokens=256)
+    assert spec.adaptive is not None
+    calls: list[int] = []
+    spec.adaptive.step_may_draft = lambda running: calls.append(len(running)) or False   # type: ignore[method-assign]
+    assert spec.schedule(StubScheduler([sequence(50, -1) for _ in range(6)]), 0) == 4 and calls == []
+    assert spec.schedule(StubScheduler([sequence(50, -1) for _ in range(3)]), 0) == 0 and calls == [3]

@@ -63,7 +63,7 @@ class AdaptiveDrafting:
         """None where the policy's batch rule says a drafting step pays for `running`; else True at a refresh
         step (the module docstring's waits), False otherwise."""
         policy = self.policy
-        if policy.batch_pays(policy.expected_step(seq.draft_acceptance, len(seq.token_ids))  # type: ignore[attr-defined]
+        if policy.batch_pays(policy.expected_step(seq.draft_acceptance)   # type: ignore[attr-defined]
                              for seq in running):
             self.refresh_wait = 0
             self.refresh_every = REFRESH_MIN
@@ -88,8 +88,7 @@ class AdaptiveDrafting:
         states = [seq.draft_acceptance for seq in running]   # type: ignore[attr-defined]  # EngineSequences
         if not any(policy.drafting(state) for state in states):
             return True
-        return policy.batch_pays(policy.expected_step(state, len(seq.token_ids))
-                                 for state, seq in zip(states, running, strict=True))
+        return policy.batch_pays(policy.expected_step(state) for state in states)
 
     def record(self, out: SchedulerOutput, runs: list[list[int]]) -> None:
         """The policy hears each drafting sequence's drafted and accepted counts (before postprocess_runs clears

@@ -76,6 +76,16 @@ class DraftLengthPolicy:
         self.max_backoff = max_backoff
         # [LEVELS + 1]: entry i is the best draft length at acceptance i / LEVELS
         self.lengths = [self.best_length(i / LEVELS) for i in range(LEVELS + 1)]
+        # the batch rule's E(k) - 1 per level at that level's length, and a new sequence's (K drafts at the prior)
+        self.extra_tokens = [self.expected_tokens(i / LEVELS, self.lengths[i]) - 1.0 for i in range(LEVELS + 1)]
+        self.prior_extra_tokens = self.expected_tokens(prior_acceptance, num_speculative_tokens) - 1.0
+
+    @staticmethod
+    def expected_tokens(acceptance: float, length: int) -> float:
+        """E(k) = 1 + a + ... + a^k: the tokens a step with k drafts emits at per-token acceptance a."""
+        if acceptance >= 1.0:
+            return length + 1.0
+        return (1.0 - acceptance ** (length + 1)) / (1.0 - acceptance)
 
     def best_length(self, acceptance: float) -> int:
         """argmax over k in 0..K of E(k) / C(k) at per-token acceptance `acceptance` (the docstring's rule; the
@@ -112,24 +122,19 @@ class DraftLengthPolicy:
         state.asked = decay * state.asked + 1.0
         state.found = decay * state.found
 
-    def expected_step(self, state: DraftAcceptance, num_tokens: int) -> tuple[float, float]:
+    def expected_step(self, state: DraftAcceptance) -> tuple[float, float]:
         """(tokens, drafts) the sequence expects from a drafting step now (the docstring's batch rule): 1 and 0 while
         stopped (a due probe is a single step's test, not a gain); else 1 + f (E(k) - 1) and f k at its own
         acceptance (the prior for a new sequence, with k = K) and find rate f (1 before any step asked it)."""
         if state.tested == 0.0:
-            acceptance = self.prior_accepted / self.prior_tested
-            length = self.num_speculative_tokens
+            extra, length = self.prior_extra_tokens, self.num_speculative_tokens
         elif state.resume_at >= 0:
             return 1.0, 0.0
         else:
-            acceptance = state.accepted / state.tested
-            length = self.lengths[int(acceptance * LEVELS)]
+            level = int(state.accepted / state.tested * LEVELS)
+            extra, length = self.extra_tokens[level], self.lengths[level]
         find_rate = min(state.found / state.asked, 1.0) if state.asked > 0.0 else 1.0
-        if acceptance >= 1.0:
-            tokens = length + 1.0
-        else:
-            tokens = (1.0 - acceptance ** (length + 1)) / (1.0 - acceptance)
-        return 1.0 + find_rate * (tokens - 1.0), find_rate * length
+        return 1.0 + find_rate * extra, find_rate * length
 
     def batch_pays(self, expected: Iterable[tuple[float, float]]) -> bool:
         """Whether a drafting step pays for a batch whose sequences expect these (tokens, drafts): more expected tokens

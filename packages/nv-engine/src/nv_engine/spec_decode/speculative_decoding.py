@@ -22,8 +22,9 @@ wait for every PROBE_EVERY-th step, which carries them all (and sequences that p
 again), so probing costs at most one synchronous step in PROBE_EVERY whatever the batch. A step that is
 synchronous anyway carries every probe due. The policy's batch rule weighs the running sequences together (a
 drafting step is synchronous for all of them): where it says drafting does not pay, no step drafts and steps
-pipeline, but for refresh steps (AdaptiveDrafting) that keep the estimates current. Within a drafting step each sequence drafts its own length: the draft
-model's decodes run for the longest one, each for the sequences whose drafts reach that far.
+pipeline, but for refresh steps (AdaptiveDrafting) that keep the estimates current. Within a drafting step each
+sequence drafts its own length: the draft model's decodes run for the longest one, each for the sequences whose
+drafts reach that far.
 """
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ class SpeculativeDecoding:
         """The scheduler's next step with drafts allowed (from real tokens: no placeholder may be pending), unless
         the adaptive policy's batch rule says a drafting step does not pay for the running sequences."""
         limit = self.max_batch_size(num_unverifiable_requests)
-        if limit and self.adaptive is not None and not self.adaptive.step_may_draft(scheduler.running):
+        running = scheduler.running
+        if 0 < len(running) <= limit and self.adaptive is not None and not self.adaptive.step_may_draft(running):
             limit = 0
         scheduler.spec_max_batch_size = limit
         return scheduler.schedule()
