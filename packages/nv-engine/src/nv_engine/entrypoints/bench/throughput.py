@@ -120,7 +120,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     workload's 4096."""
     p.add_argument("--model", help="HF checkpoint directory, .gguf file or hub id")
     p.add_argument("--random-weights", action="store_true", help="write a random checkpoint of --shape")
-    p.add_argument("--shape", default="qwen3-0.6b", help="random checkpoint shape: qwen3-0.6b or tiny")
+    p.add_argument("--shape", default="qwen3-0.6b", help="random checkpoint shape: qwen3-0.6b, qwen3-8b or tiny")
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--min-input-len", type=int, default=100)
     p.add_argument("--max-input-len", type=int, default=1024)
