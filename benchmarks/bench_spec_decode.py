@@ -35,7 +35,10 @@ Workloads (greedy, ignore_eos, --max-tokens outputs per sequence):
 Each run is done twice in one engine and the second is timed. ms/token = wall time / --max-tokens (per sequence).
 Prints one JSON line per measure: workload, batch, spec (off / on), k, ms_per_token, speedup, acceptance rate
 (accepted / drafted tokens, from SchedulerStats), mean accepted tokens per step and sequence and mean drafted tokens
-per step and sequence.
+per step and sequence; the engine steps of the timed run (`steps`) and, with speculation, those that verified
+drafts (`draft_steps`) and what one of them cost in plain steps of the same batch (`draft_step_cost`: the run's
+time less its other steps at the plain run's time per step, per drafting step, over that time per step), the
+figure the draft-length policy's verify_cost and draft_token_cost model.
 """
 from __future__ import annotations
 
@@ -78,17 +81,53 @@ def random_prompts(llm: LLM, batch: int, prompt_len: int, rng: random.Random):
     return [[rng.randrange(100, vocab) for _ in range(prompt_len)] for _ in range(batch)]
 
 
-def timed(llm: LLM, prompts, params) -> tuple[float, int, int]:
-    """(seconds, drafted, accepted) of the second of two runs."""
+class StepCounter:
+    """Counts an LLM's engine steps and, with speculative decoding, the steps that verified drafts, by wrapping its
+    engine core's `step` and SpeculativeDecoding's `runs` (called once per step collected from real tokens)."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.steps = 0
+        self.draft_steps = 0
+        core = llm.llm_engine.core
+        step = core.step
+
+        def counted_step():
+            self.steps += 1
+            return step()
+
+        core.step = counted_step
+        spec = core.speculative
+        if spec is not None:
+            runs = spec.runs
+
+            def counted_runs(out, token_ids):
+                self.draft_steps += out.num_draft_tokens > 0
+                return runs(out, token_ids)
+
+            spec.runs = counted_runs
+
+
+def draft_step_cost(seconds: float, steps: int, draft_steps: int, plain_step_seconds: float) -> float | None:
+    """A drafting step's cost in plain steps of the same batch: the run's time less its steps without drafts at
+    the plain run's time per step, per drafting step, over that time (None without drafting steps)."""
+    if draft_steps == 0 or plain_step_seconds <= 0.0:
+        return None
+    return (seconds - (steps - draft_steps) * plain_step_seconds) / draft_steps / plain_step_seconds
+
+
+def timed(llm: LLM, counter: StepCounter, prompts, params) -> tuple[float, int, int, int, int]:
+    """(seconds, drafted, accepted, steps, drafting steps) of the second of two runs."""
     batch = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(batch, params, use_tqdm=False)
     before = llm.llm_engine.scheduler.stats()
+    steps, draft_steps = counter.steps, counter.draft_steps
     start = time.perf_counter()
     llm.generate(batch, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     after = llm.llm_engine.scheduler.stats()
     return (seconds, after.num_draft_tokens - before.num_draft_tokens,
-            after.num_accepted_tokens - before.num_accepted_tokens)
+            after.num_accepted_tokens - before.num_accepted_tokens, counter.steps - steps,
+            counter.draft_steps - draft_steps)
 
 
 def main() -> None:
@@ -135,19 +174,26 @@ def main() -> None:
     if args.sweep:                 # drafting at every batch size measured
         spec["max_batch_size"] = max(batches)
     results: dict[tuple[str, int, str], float] = {}
+    plain_step_seconds: dict[tuple[str, int], float] = {}
     runs = [("off", None)] + [(f"k={k}", {**spec, "num_speculative_tokens": k}) for k in ks]
     for label, speculative_config in runs:
         llm = LLM(model, speculative_config=speculative_config, max_model_len=args.prompt_len + args.max_tokens + 64)
+        counter = StepCounter(llm)
         for workload in workloads:
             for batch in batches:
                 rng = random.Random(batch)
                 prompts = (repetitive_prompts(llm, batch, args.prompt_len, random_weights, rng)
                            if workload == "repetitive" else random_prompts(llm, batch, args.prompt_len, rng))
-                seconds, drafted, accepted = timed(llm, prompts, params)
+                seconds, drafted, accepted, steps, draft_steps = timed(llm, counter, prompts, params)
                 ms = 1000 * seconds / args.max_tokens
                 results[(workload, batch, label)] = ms
-                line = {"workload": workload, "batch": batch, "spec": label, "ms_per_token": round(ms, 4)}
-                if speculative_config is not None:
+                line = {"workload": workload, "batch": batch, "spec": label, "ms_per_token": round(ms, 4),
+                        "steps": steps}
+                if speculative_config is None:
+                    plain_step_seconds[(workload, batch)] = seconds / max(steps, 1)
+                else:
+                    cost = draft_step_cost(seconds, steps, draft_steps, plain_step_seconds[(workload, batch)])
+                    line.update(draft_steps=draft_steps, draft_step_cost=None if cost is None else round(cost, 3))
                     line.update(spec="on", k=speculative_config["num_speculative_tokens"], method=spec["method"])
                     line["speedup"] = round(results[(workload, batch, "off")] / ms, 3)
                     line["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
@@ -158,7 +204,7 @@ def main() -> None:
         if args.large_batch:
             rng = random.Random(0)
             prompts = random_prompts(llm, args.large_batch, args.prompt_len, rng)
-            seconds, drafted, _ = timed(llm, prompts, params)
+            seconds, drafted, *_ = timed(llm, counter, prompts, params)
             tokens_per_s = args.large_batch * args.max_tokens / seconds
             results[("large", args.large_batch, label)] = tokens_per_s
             line = {"workload": "random", "batch": args.large_batch, "spec": label,
