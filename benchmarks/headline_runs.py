@@ -1,15 +1,17 @@
 """The headline workload through the `LLM` API, twice in one process: run 1 is the first timed run after the
 engine starts (no warm-up: what a user's first batch sees), run 2 the second. Prints one JSON line.
 
-    python3 benchmarks/headline_runs.py TAG [SHAPE] [NUM_PROMPTS] [KV_CACHE_DTYPE]
+    python3 benchmarks/headline_runs.py TAG [SHAPE] [NUM_PROMPTS] [KV_CACHE_DTYPE] [--step-times]
 
 KV_CACHE_DTYPE: "auto" (default) or "fp8" / "fp8_e5m2" (the FP8 KV cache).
 
 The result lists the Triton kernel variants compiled inside each timed run (`run1_triton_compiles`): JIT time that
-the engine's start-up warm-up did not cover. Run it with every package's src dir on PYTHONPATH
-(scripts/dev/compare_trees.sh does, for two trees). It falls back to the module paths of trees from before
-nv_engine's regrouping (nv_engine.entrypoints.bench, nv_engine.checkpoints), so an older commit can be measured with
-this same script."""
+the engine's start-up warm-up did not cover. --step-times also times every engine step of both runs (the two runs
+schedule the same steps) and reports where run 1 spends more than run 2 (`step_times`: the sum of the excess,
+the steps that carry most of it, and each run's first steps): what a cold run pays beyond a warm one.
+Run it with every package's src dir on PYTHONPATH (scripts/dev/compare_trees.sh does, for two trees). It falls
+back to the module paths of trees from before nv_engine's regrouping (nv_engine.entrypoints.bench,
+nv_engine.checkpoints), so an older commit can be measured with this same script."""
 from __future__ import annotations
 
 import contextlib
@@ -38,11 +40,46 @@ def compile_watch():
     return TritonCompileWatch()
 
 
+class StepTimes:
+    """The wall time of every engine step (`LLMEngine.step`, as `LLM.generate` calls it), per timed run."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.runs: list[list[float]] = []
+        engine = llm.llm_engine
+        step = engine.step
+
+        def timed_step(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                if self.runs:
+                    self.runs[-1].append(time.perf_counter() - start)
+
+        engine.step = timed_step
+
+    def start_run(self) -> None:
+        self.runs.append([])
+
+    def cold_excess(self, top: int = 8, first: int = 5) -> dict:
+        """Run 1 against run 2, step by step: the summed excess (ms, steps where run 1 was slower), the `top` steps
+        with the largest excess as [index, run 1 ms, run 2 ms], and each run's `first` steps (ms)."""
+        cold, warm = self.runs[0], self.runs[1]
+        pairs = list(zip(cold, warm, strict=False))
+        excess = sorted(range(len(pairs)), key=lambda i: pairs[i][1] - pairs[i][0])[:top]
+        return {"steps": [len(cold), len(warm)],
+                "excess_ms": round(1000 * sum(max(a - b, 0.0) for a, b in pairs), 1),
+                "largest": [[i, round(1000 * pairs[i][0], 2), round(1000 * pairs[i][1], 2)] for i in excess],
+                "first_ms": [[round(1000 * t, 2) for t in run[:first]] for run in (cold, warm)]}
+
+
 def main() -> None:
-    tag = sys.argv[1]
-    shape = sys.argv[2] if len(sys.argv) > 2 else "qwen3-0.6b"
-    num_prompts = int(sys.argv[3]) if len(sys.argv) > 3 else 256
-    kv_cache_dtype = sys.argv[4] if len(sys.argv) > 4 else "auto"
+    argv = [a for a in sys.argv[1:] if not a.startswith("--")]
+    step_times = "--step-times" in sys.argv[1:]
+    tag = argv[0]
+    shape = argv[1] if len(argv) > 1 else "qwen3-0.6b"
+    num_prompts = int(argv[2]) if len(argv) > 2 else 256
+    kv_cache_dtype = argv[3] if len(argv) > 3 else "auto"
     model = str(nv_cache_dir() / f"bench-random-{shape}-bf16")
     if not (Path(model) / "model.safetensors").exists():
         write_random_checkpoint(model, shape, dtype="bfloat16")
@@ -54,7 +91,10 @@ def main() -> None:
     vocab = llm.config.hf_config.vocab_size
     work = make_workload(num_prompts, (100, 1024), (100, 1024), max_token_id=min(10000, vocab - 1))
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in work.max_tokens]
+    timer = StepTimes(llm) if step_times else None
     for run in (1, 2):
+        if timer is not None:
+            timer.start_run()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         with compile_watch() as jit:   # Triton variants compiled inside the timed run (cold's JIT cost)
@@ -66,6 +106,8 @@ def main() -> None:
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         result[f"run{run}_output_tok_s"] = tokens / wall
         result[f"run{run}_wall_s"] = wall
+    if timer is not None:
+        result["step_times"] = timer.cold_excess()   # type: ignore[assignment]
     print("RESULT", json.dumps(result), flush=True)
     llm.shutdown()
 
