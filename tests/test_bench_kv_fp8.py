@@ -1,10 +1,10 @@
 """benchmarks/bench_kv_fp8.py: its flags parse off a GPU, and decode-bw --sweep's grid holds today's FP8 launch."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 from nv_kernels.decode_tuning import choose_num_splits, choose_tile
 
@@ -13,11 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kv_fp8.py"
 
 @pytest.fixture(scope="module")
 def bench_kv_fp8():
-    spec = importlib.util.spec_from_file_location("bench_kv_fp8", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_kv_fp8.py")
 
 
 def test_decode_bw_sweep_parses(bench_kv_fp8) -> None:

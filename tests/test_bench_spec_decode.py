@@ -1,26 +1,20 @@
 """benchmarks/bench_spec_decode.py: its step counts and the drafting-step cost derived from them."""
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 from nv_engine import LLM, SamplingParams
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_spec_decode.py"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
          "adaptive_draft_length": False}
 
 
 @pytest.fixture(scope="module")
 def bench_spec_decode():
-    spec = importlib.util.spec_from_file_location("bench_spec_decode", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_spec_decode.py")
 
 
 def test_draft_step_cost_in_plain_steps(bench_spec_decode) -> None:

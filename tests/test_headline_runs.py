@@ -1,22 +1,15 @@
 """benchmarks/headline_runs.py --step-times: every engine step of both timed runs, and where the cold one pays more."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "headline_runs.py"
+from repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def headline_runs():
-    spec = importlib.util.spec_from_file_location("headline_runs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/headline_runs.py")
 
 
 def test_step_times_wrap_the_engine_and_report_the_cold_excess(headline_runs, monkeypatch) -> None:

@@ -1,21 +1,15 @@
 """benchmarks/perf_sweep.py: its flags parse off a GPU, and runs with another KV cache write files of their own."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "perf_sweep.py"
+from repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def perf_sweep():
-    spec = importlib.util.spec_from_file_location("perf_sweep", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/perf_sweep.py")
 
 
 def test_kv_cache_dtype_and_prefill_profile_parse(perf_sweep) -> None:

@@ -1,22 +1,15 @@
 """benchmarks/serve_floor.py: the bandwidth floor of a closed-loop serving run, counted step by step."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_floor.py"
+from repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def serve_floor():
-    spec = importlib.util.spec_from_file_location("serve_floor", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/serve_floor.py")
 
 
 def test_one_slot_runs_requests_one_after_another(serve_floor) -> None:
