@@ -111,3 +111,19 @@ def test_batches_above_max_batch_size_skip_the_batch_rule():
     spec.adaptive.step_may_draft = lambda running: calls.append(len(running)) or False   # type: ignore[method-assign]
     assert spec.schedule(StubScheduler([sequence(50, -1) for _ in range(6)]), 0) == 4 and calls == []
     assert spec.schedule(StubScheduler([sequence(50, -1) for _ in range(3)]), 0) == 0 and calls == [3]
+
+
+def test_the_step_after_a_granted_drafts_next_is_not_weighed_again():
+    """drafts_next weighs the batch once; the schedule right after it takes that answer. A schedule with no
+    drafts_next before it (after a drafting step) weighs the batch itself."""
+    spec = SpeculativeDecoding(SpeculativeConfig(num_speculative_tokens=3), block_size=16,
+                               max_num_batched_tokens=256)
+    assert spec.adaptive is not None
+    policy = spec.adaptive.policy
+    weighed: list[int] = []
+    batch_pays = policy.batch_pays
+    policy.batch_pays = lambda expected: weighed.append(1) or batch_pays(expected)   # type: ignore[method-assign]
+    good = [sequence(50, -1, acceptance=0.88, find_rate=0.8) for _ in range(4)]
+    assert spec.drafts_next(good, 0) and len(weighed) == 1
+    assert spec.schedule(StubScheduler(good), 0) == spec.config.max_batch_size and len(weighed) == 1
+    assert spec.schedule(StubScheduler(good), 0) == spec.config.max_batch_size and len(weighed) == 2

@@ -28,7 +28,9 @@ class AdaptiveDrafting:
         self.probe_wait = 0        # steps since the last probing step, while only the policy's probes are due
         self.refresh_wait = 0      # steps since the batch rule last said no, or since the last refresh
         self.refresh_every = REFRESH_MIN
-        self.refresh_granted = False   # sequences_want_drafts granted a refresh step, not yet scheduled
+        # sequences_want_drafts weighed the batch and let the next step draft (it pays, or a refresh is due):
+        # step_may_draft takes that answer instead of weighing the same batch again
+        self.granted = False
 
     def draft_length(self, seq: Sequence) -> int:
         """The scheduler's `draft_length`: the most drafts seq proposes this step (the policy's choice). The scheduler
@@ -47,6 +49,7 @@ class AdaptiveDrafting:
         Where none does: whether this step should carry the probes due, at every PROBE_EVERY-th step while some
         is due, False while none is."""
         policy = self.policy
+        self.granted = False
         probe_due = False
         for seq in running:
             engine_seq: EngineSequence = seq   # type: ignore[assignment]  # the engine core schedules only these
@@ -67,22 +70,23 @@ class AdaptiveDrafting:
                              for seq in running):
             self.refresh_wait = 0
             self.refresh_every = REFRESH_MIN
+            self.granted = True
             return None
         self.refresh_wait += 1
         if self.refresh_wait < self.refresh_every:
             return False
         self.refresh_wait = 0
         self.refresh_every = min(2 * self.refresh_every, REFRESH_MAX)
-        self.refresh_granted = True
+        self.granted = True
         return True
 
     def step_may_draft(self, running: Seq[Sequence]) -> bool:
-        """Whether the step about to be scheduled from real tokens may draft: a refresh step granted by
-        sequences_want_drafts; else unless some sequence drafts and the batch rule says drafting does not pay (so a
-        step after a drafting step pipelines again once the batch stops paying; stopped sequences' due probes
-        still go out where no sequence drafts)."""
-        if self.refresh_granted:
-            self.refresh_granted = False
+        """Whether the step about to be scheduled from real tokens may draft: yes where sequences_want_drafts just
+        granted it (the batch pays, or a refresh); else unless some sequence drafts and the batch rule says drafting
+        does not pay (so a step after a drafting step pipelines again once the batch stops paying; stopped
+        sequences' due probes still go out where no sequence drafts)."""
+        if self.granted:
+            self.granted = False
             return True
         policy = self.policy
         states = [seq.draft_acceptance for seq in running]   # type: ignore[attr-defined]  # EngineSequences

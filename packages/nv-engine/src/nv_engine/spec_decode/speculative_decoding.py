@@ -124,7 +124,7 @@ class SpeculativeDecoding:
             return False
         if self.adaptive is not None:
             wanted = self.adaptive.sequences_want_drafts(running)
-            if wanted is not None:        # no sequence drafts: probes alone decide
+            if wanted is not None:        # the policy decided: due probes, or the batch rule's refresh
                 return wanted
         self.quiet_steps += 1
         return self.quiet_steps <= QUIET_STEPS or self.quiet_steps % PROBE_EVERY == 0
