@@ -8,7 +8,8 @@ KV_CACHE_DTYPE: "auto" (default) or "fp8" / "fp8_e5m2" (the FP8 KV cache).
 The result lists the Triton kernel variants compiled inside each timed run (`run1_triton_compiles`): JIT time that
 the engine's start-up warm-up did not cover. --step-times also times every engine step of both runs (the two runs
 schedule the same steps) and reports where run 1 spends more than run 2 (`step_times`: the sum of the excess,
-the steps that carry most of it, and each run's first steps): what a cold run pays beyond a warm one.
+the steps that carry most of it, and each run's first steps): what a cold run pays beyond a warm one; and the warm
+run's step times summed per 100 steps (`warm_ms_per_window`): where in the run the time goes.
 Run it with every package's src dir on PYTHONPATH (scripts/dev/compare_trees.sh does, for two trees). It falls
 back to the module paths of trees from before nv_engine's regrouping (nv_engine.entrypoints.bench,
 nv_engine.checkpoints), so an older commit can be measured with this same script."""
@@ -70,7 +71,14 @@ class StepTimes:
         return {"steps": [len(cold), len(warm)],
                 "excess_ms": round(1000 * sum(max(a - b, 0.0) for a, b in pairs), 1),
                 "largest": [[i, round(1000 * pairs[i][0], 2), round(1000 * pairs[i][1], 2)] for i in excess],
-                "first_ms": [[round(1000 * t, 2) for t in run[:first]] for run in (cold, warm)]}
+                "first_ms": [[round(1000 * t, 2) for t in run[:first]] for run in (cold, warm)],
+                "warm_ms_per_window": self.window_sums(warm)}
+
+    @staticmethod
+    def window_sums(run: list[float], window: int = 100) -> list[float]:
+        """The run's step times summed over each `window` consecutive steps (ms): where in the run the time goes,
+        e.g. the tail of few long sequences against the full batch."""
+        return [round(1000 * sum(run[i:i + window]), 1) for i in range(0, len(run), window)]
 
 
 def main() -> None:

@@ -37,3 +37,9 @@ def test_step_times_wrap_the_engine_and_report_the_cold_excess(headline_runs, mo
     assert report["excess_ms"] == pytest.approx(4 + 29)
     assert report["largest"] == [[3, 30.0, 1.0], [0, 5.0, 1.0]]
     assert report["first_ms"] == [[5.0, 1.0], [1.0, 1.0]]
+
+
+def test_window_sums_split_a_run_into_consecutive_windows(headline_runs) -> None:
+    run = [0.001] * 250 + [0.010] * 3                      # 253 steps: 1 ms each, then three of 10 ms
+    assert headline_runs.StepTimes.window_sums(run) == [100.0, 100.0, 80.0]
+    assert headline_runs.StepTimes.window_sums(run, window=250) == [250.0, 30.0]
