@@ -14,8 +14,9 @@
         headline's decode batches hold them, instead of every context a multiple of every tile: most sequences
         then end in a partial KV tile (read, and masked, in full).
     python3 benchmarks/bench_kv_fp8.py long [--shape qwen3-0.6b] [--num-prompts 64] [--prompt-len 3000]
-                                         [--output-len 384]
-        end to end through LLM.generate (random weights), auto vs fp8: output tok/s, KV blocks.
+                                         [--output-len 384] [--kv-cache-dtypes auto,fp8]
+        end to end through LLM.generate (random weights), auto vs fp8 (or the KV cache dtypes named), one engine
+        after the other: output tok/s, KV blocks.
     python3 benchmarks/bench_kv_fp8.py logprobs [GGUF]
         SmolLM2-135M-Instruct in bf16, fp8 KV vs bf16 KV, greedy 64 tokens on 20 chat prompts, by vLLM's
         check_logprobs_close rule (top 5): prints how many prompts diverge and whether the rule holds.
@@ -33,7 +34,7 @@ import torch
 
 # decode-bw --sweep: (num_splits, tile, num_warps, num_stages) of triton_decode.decode_attention on the FP8 cache;
 # holds today's launch (decode_tuning's splits and FP8 tile, 4 warps, 2 stages) at both shapes
-FP8_SWEEP = list(itertools.product((1, 2, 4, 8), (32, 64, 128, 256), (4, 8), (2, 3, 4)))
+FP8_SWEEP = list(itertools.product((1, 2, 4, 8, 16), (32, 64, 128, 256), (4, 8), (2, 3, 4)))
 SWEEP_SHOWN = 5
 DEFAULT_SHAPES = ((256, 1024), (64, 4096))
 
@@ -160,7 +161,8 @@ def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float, kv_tokens: int,
                           "of_copy_bw": round(kv_bytes / (ms * 1e-3) / copy_bw, 3)}), flush=True)
 
 
-def long_contexts(shape: str, num_prompts: int, prompt_len: int, output_len: int) -> None:
+def long_contexts(shape: str, num_prompts: int, prompt_len: int, output_len: int,
+                  kv_cache_dtypes: tuple[str, ...] = ("auto", "fp8")) -> None:
     from pathlib import Path
 
     from nv_engine import LLM, SamplingParams
@@ -173,7 +175,7 @@ def long_contexts(shape: str, num_prompts: int, prompt_len: int, output_len: int
     prompts = [{"prompt_token_ids": torch.randint(0, 10000, (prompt_len,), generator=gen).tolist()}
                for _ in range(num_prompts)]
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=output_len)
-    for kv in ("auto", "fp8"):
+    for kv in kv_cache_dtypes:
         llm = LLM(model, max_model_len=prompt_len + output_len + 16, kv_cache_dtype=kv)
         llm.generate(prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)   # compile outside the timing
         torch.cuda.synchronize()
@@ -238,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     long.add_argument("--num-prompts", type=int, default=64)
     long.add_argument("--prompt-len", type=int, default=3000)
     long.add_argument("--output-len", type=int, default=384)
+    long.add_argument("--kv-cache-dtypes", type=lambda text: tuple(text.split(",")), default=("auto", "fp8"),
+                      help="the KV cache dtypes to run, one engine each, e.g. fp8")
     lp = sub.add_parser("logprobs")
     lp.add_argument("gguf", nargs="?")
     return parser
@@ -248,7 +252,7 @@ def main() -> None:
     if args.what == "decode-bw":
         decode_bandwidth(args.block_size, args.sweep, args.ragged, args.shapes, args.tiles)
     elif args.what == "long":
-        long_contexts(args.shape, args.num_prompts, args.prompt_len, args.output_len)
+        long_contexts(args.shape, args.num_prompts, args.prompt_len, args.output_len, args.kv_cache_dtypes)
     else:
         logprobs_closeness(args.gguf)
 

@@ -67,3 +67,9 @@ def test_best_per_split_keeps_the_fastest_launch_of_each_split_count(bench_kv_fp
             (0.24, launch(4, 64))]
     assert bench_kv_fp8.best_per_split(rows) == [(0.25, launch(1, 128)), (0.22, launch(2, 128)),
                                                  (0.21, launch(4, 128))]
+
+
+def test_long_runs_both_caches_unless_told(bench_kv_fp8) -> None:
+    parser = bench_kv_fp8.build_parser()
+    assert parser.parse_args(["long"]).kv_cache_dtypes == ("auto", "fp8")
+    assert parser.parse_args(["long", "--kv-cache-dtypes", "fp8"]).kv_cache_dtypes == ("fp8",)
