@@ -48,3 +48,12 @@ def test_decode_loops_convert_fp8_and_load_whole_vectors(tmp_path) -> None:
         loads[name] = sass.read_text()
     for text in loads.values():
         assert "LDGSTS.E.BYPASS.128" in text and "LDG.E.U8" not in text and "LDG.E.U16" not in text
+
+
+def test_decode_query_tile_rows_are_a_launch_choice() -> None:
+    """--group-pad: the program's 2 query heads padded to 8 rows instead of 16 compile for sm_90; the tensor-core
+    instructions stay (an MMA has 16 rows; Triton pads the tile), the rest of the loop is a different program."""
+    rows16, rows8 = (report("decode", "--fp8", "--group-pad", str(pad)) for pad in (16, 8))
+    whole16, whole8 = rows16["loops"][0], rows8["loops"][0]
+    assert whole8["mix"]["HMMA"] == whole16["mix"]["HMMA"]
+    assert whole8["instructions"] != whole16["instructions"]

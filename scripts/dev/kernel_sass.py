@@ -7,7 +7,8 @@ per element is the figure to cut; where it is bound by memory, the registers say
 flight, and a stack means spills.
 
     python3 scripts/dev/kernel_sass.py int4-gemv [--block-n 64] [--num-warps 4] [--num-stages 4] [--sass FILE]
-    python3 scripts/dev/kernel_sass.py decode [--fp8] [--tile 128] [--num-warps 4] [--num-stages 2] [--sass FILE]
+    python3 scripts/dev/kernel_sass.py decode [--fp8] [--tile 128] [--group-pad 16] [--num-warps 4] [--num-stages 2]
+                                              [--sass FILE]
 
 int4-gemv: nv_kernels.int4_gemm_kernel at one row (the GEMV, split K, bf16 activations, Qwen3-8B's qkv);
 per element: the loop's instructions per thread over the codes a thread handles per group of 128 inputs.
@@ -149,8 +150,8 @@ def decode(args: argparse.Namespace) -> SassReport:
                "stride_vd": v_strides[3], "stride_tb": 65, "stride_ob": 2048, "stride_oh": 128, "stride_ksh": 128,
                "stride_ksd": 1, "stride_vsh": 128, "stride_vsd": 1, "eps": 0.0, "stride_knb": 0, "stride_knh": 0,
                "stride_vnb": 0, "stride_vnh": 0, "stride_cos": 0}
-    constexprs = {"GROUP": 2, "GROUP_PAD": 16, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_SIZE": 64, "TILE": args.tile,
-                  "NUM_SPLITS": 1, "NUM_Q_HEADS": 16, "PRECISION": "tf32", "FP8": args.fp8,
+    constexprs = {"GROUP": 2, "GROUP_PAD": args.group_pad, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_SIZE": 64,
+                  "TILE": args.tile, "NUM_SPLITS": 1, "NUM_Q_HEADS": 16, "PRECISION": "tf32", "FP8": args.fp8,
                   "COMPUTE": tl.float16 if args.fp8 else tl.bfloat16, "V_TOKEN_MAJOR": args.fp8, "USE_PDL": False,
                   "ROPE": False, "HAS_NORM": False, "HALF": 64, "FP8_MAX": 448.0 if args.fp8 else 0.0,
                   "PRELOAD": False}
@@ -170,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-n", type=int, default=64, help="int4-gemv: output rows per program")
     parser.add_argument("--tile", type=int, default=None, help="decode: KV tokens per tile (default: 128 FP8, 64)")
     parser.add_argument("--fp8", action="store_true", help="decode: an FP8 (e4m3) cache")
+    parser.add_argument("--group-pad", type=int, default=16,
+                        help="decode: rows of a program's query tile (its 2 query heads, padded; the engine: 16)")
     parser.add_argument("--sass", help="also write the disassembly to this file")
     return parser
 
