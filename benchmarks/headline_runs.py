@@ -64,7 +64,8 @@ class StepTimes:
 
     def cold_excess(self, top: int = 8, first: int = 5) -> dict:
         """Run 1 against run 2, step by step: the summed excess (ms, steps where run 1 was slower), the `top` steps
-        with the largest excess as [index, run 1 ms, run 2 ms], and each run's `first` steps (ms)."""
+        with the largest excess as [index, run 1 ms, run 2 ms], each run's `first` steps (ms) and the warm run's
+        window_sums."""
         cold, warm = self.runs[0], self.runs[1]
         pairs = list(zip(cold, warm, strict=False))
         excess = sorted(range(len(pairs)), key=lambda i: pairs[i][1] - pairs[i][0])[:top]
