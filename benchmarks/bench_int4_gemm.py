@@ -7,7 +7,8 @@ and each INT4 launch. gate_up runs as the layers run it: with SiLU-and-mul fused
 GEMM (F.linear alone stands for bf16 at 256 rows). Each timing is a CUDA graph of calls that rotate through enough
 copies of the weights that every call reads its weight from HBM, not from L2; microseconds per call are the median
 over replays. Prints per shape: bf16 us, the heuristic's INT4 us, the best INT4 us and its launch, the INT4 weight
-bytes' GB/s, and the ratio to bf16; --json writes them.
+bytes' GB/s, the ratio to bf16, and the best launch without pair dequantization (the kernel's PAIRS); --json writes
+them.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/bench_int4_gemm.py [--m 1,16,256]
         [--json out.json]
@@ -42,19 +43,21 @@ GATED = ("gate_up",)
 
 
 def sweep(m: int, n: int, k: int, sms: int) -> list[Int4GemmConfig]:   # n: output columns
-    """The heuristic's launch first, then variants of tile width, split and stages (and the tensor-core tile for
-    one row)."""
+    """The heuristic's launch first, then variants of tile width, split and stages of it and of the launch without
+    pair dequantization (the GEMV at one row, tensor-core tiles above; and the tensor-core tile for one row)."""
     base = choose_config(m, n, k, sms)
     found = [base]
     groups = k // 128
-    for block_n in (32, 64, 128):
-        for split_k in sorted({1, 2, 4, 8, base.split_k}):
-            for stages in (2, 3, 4):
-                if split_k > groups or (split_k > 1 and m > 16):
-                    continue
-                found.append(base._replace(block_n=block_n, split_k=split_k, num_stages=stages))
-                if m == 1:
-                    found.append(Int4GemmConfig(16, block_n, True, split_k, 4, stages))
+    starts = [base] if not base.pairs else [base, choose_config(m, n, k, sms, pairs=False)]
+    for start in starts:
+        for block_n in (32, 64, 128):
+            for split_k in sorted({1, 2, 4, 8, base.split_k}):
+                for stages in (2, 3, 4):
+                    if split_k > groups or (split_k > 1 and m > 16) or (start.pairs and block_n < 64):
+                        continue
+                    found.append(start._replace(block_n=block_n, split_k=split_k, num_stages=stages))
+                    if m == 1 and not start.pairs:
+                        found.append(Int4GemmConfig(16, block_n, True, split_k, 4, stages))
     unique = list(dict.fromkeys(found))
     return unique
 
@@ -81,10 +84,12 @@ def bench_shape(name: str, n: int, k: int, m: int, sms: int) -> dict:
         timings.append((graph_us(calls), cfg))
     heuristic_us = timings[0][0]
     best_us, best = min(timings, key=lambda t: t[0])
+    unpaired_us = min(us for us, cfg in timings if not cfg.pairs)
     bf16_best = min(result["bf16_us"], result.get("bf16_skinny_us", math.inf))
     int4_bytes = n * k // 2 + 3 * n * (k // 128)
     result.update(int4_us=heuristic_us, best_us=best_us, best=best._asdict(), ratio=heuristic_us / bf16_best,
-                  best_ratio=best_us / bf16_best, int4_GBs=int4_bytes / (heuristic_us * 1e3))
+                  best_ratio=best_us / bf16_best, int4_GBs=int4_bytes / (heuristic_us * 1e3),
+                  best_unpaired_us=unpaired_us)
     return result
 
 
@@ -101,7 +106,7 @@ def main() -> None:
             results.append(r)
             print(f"{name:8s} m={m:4d} bf16 {min(r['bf16_us'], r.get('bf16_skinny_us', math.inf)):8.1f} us | int4 "
                   f"{r['int4_us']:8.1f} us ({r['int4_GBs']:6.0f} GB/s, x{r['ratio']:.2f}) | best {r['best_us']:8.1f}"
-                  f" us x{r['best_ratio']:.2f} {r['best']}", flush=True)
+                  f" us x{r['best_ratio']:.2f} {r['best']} | without pairs {r['best_unpaired_us']:8.1f} us", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -28,11 +28,22 @@ def report(*argv: str) -> dict:
 
 def test_int4_gemv_loop_multiplies_on_the_cuda_cores(tmp_path) -> None:
     sass = tmp_path / "int4.sass"
-    r = report("int4-gemv", "--block-n", "64", "--sass", str(sass))
+    r = report("int4-gemv", "--gemv", "--block-n", "64", "--sass", str(sass))
     assert 0 < r["registers"] <= 255 and r["instructions"] > 0 and "FFMA" in sass.read_text()
     (loop,) = r["loops"]                                # the K loop (one group of 128 inputs per pass)
     assert loop["mix"]["FFMA"] >= 64                    # a multiply-add per code at least: 64 codes per thread
     assert loop["per_element"] == pytest.approx(loop["instructions"] / 64, abs=0.01)
+
+
+def test_int4_pairs_loop_dequantizes_two_codes_per_instruction() -> None:
+    """The one-row launch the engine takes: codes made into 16-bit float pairs (one packed fma per pair) and fed to
+    the tensor cores where they were made, at well under half the GEMV's instructions per code."""
+    pairs, gemv = report("int4-gemv"), report("int4-gemv", "--gemv")
+    loop = pairs["loops"][0]                            # the K loop; then the last split's reduction of the partials
+    codes_per_thread = 128                              # 128 columns x 128 inputs over 128 threads
+    assert loop["mix"].get("HFMA2", 0) + loop["mix"].get("HADD2", 0) == codes_per_thread // 2   # ptxas: fma x 1 = add
+    assert loop["mix"].get("HMMA", 0) + loop["mix"].get("HGMMA", 0) > 0
+    assert loop["per_element"] < 0.5 * gemv["loops"][0]["per_element"]
 
 
 def test_decode_loops_convert_fp8_and_load_whole_vectors(tmp_path) -> None:

@@ -6,12 +6,14 @@ NVIDIA backend brings the ptxas and nvdisasm it runs. Where a kernel is bound by
 per element is the figure to cut; where it is bound by memory, the registers say how many programs an SM keeps in
 flight, and a stack means spills.
 
-    python3 scripts/dev/kernel_sass.py int4-gemv [--block-n 64] [--num-warps 4] [--num-stages 4] [--sass FILE]
+    python3 scripts/dev/kernel_sass.py int4-gemv [--rows 1] [--gemv] [--block-n N] [--num-warps W] [--num-stages S]
+                                                 [--sass FILE]
     python3 scripts/dev/kernel_sass.py decode [--fp8] [--tile 128] [--group-pad 16] [--num-warps 4] [--num-stages 2]
                                               [--sass FILE]
 
-int4-gemv: nv_kernels.int4_gemm_kernel at one row (the GEMV, split K, bf16 activations, Qwen3-8B's qkv);
-per element: the loop's instructions per thread over the codes a thread handles per group of 128 inputs.
+int4-gemv: nv_kernels.int4_gemm_kernel at Qwen3-8B's qkv with bf16 activations, launched as int4_gemm launches it
+for --rows rows (one: the pairs launch, split K; --gemv: the launch for fp32 x, the GEMV on the CUDA cores); per
+element: the loop's instructions per thread over the codes a thread handles per group of 128 inputs.
 decode: nv_kernels.triton_decode's split kernel at Qwen3-0.6B's heads (16 q, 8 KV, D 128, block size 64, one
 split), bf16 or FP8 (e4m3, token-major V) cache; per element: the loop's instructions per thread over the KV
 tokens of a tile.
@@ -117,20 +119,25 @@ def compile_for_hopper(kernel, pointers: dict[str, str], scalars: Mapping[str, i
 
 
 def int4_gemv(args: argparse.Namespace) -> SassReport:
+    from nv_kernels.int4_gemm import choose_config
     from nv_kernels.int4_gemm_kernel import int4_gemm_kernel
 
     pointers = {"X": "*bf16", "QW": "*i32", "SCALES": "*bf16", "ZEROS": "*u8", "BIAS": "*bf16", "OUT": "*bf16",
                 "PART": "*fp32", "COUNTERS": "*i32"}
-    n, k, split_k = 6144, 4096, 6                       # Qwen3-8B's qkv projection, as choose_config splits it
-    groups_per_split = -(-k // 128 // split_k)
-    scalars = {"M": 1, "N": n, "K": k, "GROUPS_PER_SPLIT": groups_per_split, "SPLIT_K": split_k, "stride_xm": k,
-               "stride_qn": k // 8, "stride_sg": n, "stride_om": n, "stride_ps": n}
-    constexprs = {"BLOCK_M": 1, "BLOCK_N": args.block_n, "USE_DOT": False, "SPLIT": True, "GATED": False,
-                  "HAS_BIAS": False, "DOT_IN_FP32": False, "NUM_STAGES": args.num_stages, "USE_PDL": False}
-    cubin, shared = compile_for_hopper(int4_gemm_kernel, pointers, scalars, constexprs, args.num_warps,
-                                       args.num_stages)
+    n, k = 6144, 4096                                   # Qwen3-8B's qkv projection
+    cfg = choose_config(args.rows, n, k, 132, pairs=not args.gemv)
+    cfg = cfg._replace(block_n=args.block_n or cfg.block_n, num_warps=args.num_warps or cfg.num_warps,
+                       num_stages=args.num_stages or cfg.num_stages)
+    groups_per_split = -(-k // 128 // cfg.split_k)
+    scalars = {"M": args.rows, "N": n, "K": k, "GROUPS_PER_SPLIT": groups_per_split, "SPLIT_K": cfg.split_k,
+               "stride_xm": k, "stride_qn": k // 8, "stride_sg": n, "stride_om": n, "stride_ps": n}
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "USE_DOT": cfg.use_dot, "SPLIT": cfg.split_k > 1,
+                  "GATED": False, "HAS_BIAS": False, "DOT_IN_FP32": False, "NUM_STAGES": cfg.num_stages,
+                  "USE_PDL": False, "PAIRS": cfg.pairs}
+    cubin, shared = compile_for_hopper(int4_gemm_kernel, pointers, scalars, constexprs, cfg.num_warps,
+                                       cfg.num_stages)
     # a group is 128 inputs of BLOCK_N rows, spread over the program's threads
-    return SassReport.of("int4-gemv", cubin, shared, args.block_n * 128 // (32 * args.num_warps), args.sass)
+    return SassReport.of("int4-gemv", cubin, shared, cfg.block_n * 128 // (32 * cfg.num_warps), args.sass)
 
 
 def decode(args: argparse.Namespace) -> SassReport:
@@ -166,9 +173,13 @@ KERNELS: dict[str, Callable[[argparse.Namespace], SassReport]] = {"int4-gemv": i
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kernel", choices=sorted(KERNELS))
-    parser.add_argument("--num-warps", type=int, default=4)
-    parser.add_argument("--num-stages", type=int, default=None, help="default: 4 (int4-gemv), 2 (decode)")
-    parser.add_argument("--block-n", type=int, default=64, help="int4-gemv: output rows per program")
+    parser.add_argument("--num-warps", type=int, default=None, help="default: the launch's (int4-gemv), 4 (decode)")
+    parser.add_argument("--num-stages", type=int, default=None, help="default: the launch's (int4-gemv), 2 (decode)")
+    parser.add_argument("--block-n", type=int, default=None,
+                        help="int4-gemv: output columns per program (default: the launch's)")
+    parser.add_argument("--rows", type=int, default=1, help="int4-gemv: rows of x")
+    parser.add_argument("--gemv", action="store_true",
+                        help="int4-gemv: the launch for fp32 x (one row: the GEMV on the CUDA cores), not the pairs")
     parser.add_argument("--tile", type=int, default=None, help="decode: KV tokens per tile (default: 128 FP8, 64)")
     parser.add_argument("--fp8", action="store_true", help="decode: an FP8 (e4m3) cache")
     parser.add_argument("--group-pad", type=int, default=16,
@@ -179,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
-    if args.num_stages is None:
-        args.num_stages = 4 if args.kernel == "int4-gemv" else 2
+    if args.kernel == "decode":
+        args.num_warps = args.num_warps or 4
+        args.num_stages = args.num_stages or 2
     if args.tile is None:
         args.tile = 128 if args.fp8 else 64
     print(json.dumps(KERNELS[args.kernel](args).__dict__))

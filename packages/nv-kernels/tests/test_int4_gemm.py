@@ -1,6 +1,6 @@
 """INT4 GEMM (nv_kernels.int4_gemm): the Triton kernel under TRITON_INTERPRET=1 equals the dequantize-then-matmul
-reference at a real projection shape (tensor-core tiles with split K, and the one-row GEMV) and at ragged edges, and
-with SiLU-and-mul fused (gated);
+reference at a real projection shape (tensor-core tiles with split K, the one-row GEMV, and the pair-dequantizing
+launch for up to 16 rows of bf16 / fp16 x) and at ragged edges, and with SiLU-and-mul fused (gated);
 every output element is written; the split-K counters are left at 0; the kernel layout and the round-to-nearest
 quantizer keep what they promise."""
 from __future__ import annotations
@@ -97,7 +97,8 @@ def test_kernel_matches_dequantize_then_matmul(kernel: ModuleType, poisoned_outp
 
 
 @pytest.mark.parametrize("config", [Int4GemmConfig(16, 32, True, 3, 4, 1), Int4GemmConfig(1, 16, False, 2, 4, 1),
-                                    Int4GemmConfig(16, 16, True, 1, 4, 1)])
+                                    Int4GemmConfig(16, 16, True, 1, 4, 1), Int4GemmConfig(16, 32, True, 2, 4, 1, True),
+                                    Int4GemmConfig(8, 64, True, 1, 4, 1, True)])
 def test_each_variant_with_fp32_scales_and_fp16_activations(kernel: ModuleType, poisoned_outputs: None,
                                                             config: Int4GemmConfig) -> None:
     from nv_kernels.int4_gemm import int4_gemm_triton
@@ -129,16 +130,37 @@ def test_gated_kernel_matches_gemm_then_silu_and_mul(kernel: ModuleType, poisone
     assert relative_error(exact, int4_gemm_torch(x.float(), qweight, scales, zeros, bias.float(), gated=True)) < 1e-5
 
 
+def test_pairs_launch_needs_16_bit_x_in_one_row_block(kernel: ModuleType) -> None:
+    """fp32 x takes the other launches by itself; asked for the pairs launch outright it is a ValueError, as are
+    more rows than the pairs block holds."""
+    from nv_kernels.int4_gemm import int4_gemm_triton
+
+    gen = torch.Generator().manual_seed(3)
+    qweight, scales, zeros = random_int4(64, 256, gen)
+    x = torch.randn(3, 256, generator=gen)
+    want = int4_gemm_torch(x, qweight, scales, zeros)
+    assert relative_error(int4_gemm_triton(x, qweight, scales, zeros), want) < 1e-5
+    with pytest.raises(ValueError, match="pairs"):
+        int4_gemm_triton(x, qweight, scales, zeros, config=Int4GemmConfig(8, 64, True, 1, 4, 1, True))
+    with pytest.raises(ValueError, match="pairs"):
+        int4_gemm_triton(torch.randn(12, 256).bfloat16(), qweight, scales, zeros,
+                         config=Int4GemmConfig(8, 64, True, 1, 4, 1, True))
+
+
 def test_launch_choices() -> None:
     one_row = choose_config(1, 4096, 4096, 132)
-    assert not one_row.use_dot and one_row.block_m == 1 and one_row.split_k > 1
-    assert choose_config(16, 4096, 4096, 132).use_dot
+    assert one_row.pairs and one_row.use_dot and one_row.block_m == 8 and one_row.split_k > 1
+    assert choose_config(9, 4096, 4096, 132)[:2] == (16, 128) and choose_config(16, 4096, 4096, 132).pairs
+    assert not choose_config(17, 4096, 4096, 132).pairs
+    fp32_row = choose_config(1, 4096, 4096, 132, pairs=False)              # x in fp32: the GEMV
+    assert not fp32_row.use_dot and fp32_row.block_m == 1 and fp32_row.split_k > 1
+    assert choose_config(16, 4096, 4096, 132, pairs=False).use_dot
     assert choose_config(48, 4096, 4096, 132).split_k > 1                 # one row block: split to fill the GPU
     assert choose_config(256, 12288, 4096, 132)[:2] == (128, 128)
     assert choose_config(256, 4096, 4096, 132)[:2] == (128, 64)           # 2 x 32 tiles of 128 would leave SMs idle
     assert choose_config(256, 4096, 4096, 132).split_k == 1
     wide = choose_config(1, 24576, 4096, 132)
-    assert wide.split_k <= 2                                         # enough column blocks already
+    assert wide.split_k <= 4                                         # enough column blocks already
     for m, n, k in [(1, 4096, 12288), (7, 6144, 4096), (16, 1024, 256), (64, 4096, 4096)]:
         cfg = choose_config(m, n, k, 132)
         groups = k // 128

@@ -1,6 +1,6 @@
 """The INT4 GEMM kernel compiles for Hopper (sm_90) on a machine without a GPU, for each launch the heuristic picks
-at the Qwen3-8B shapes (the one-row GEMV with split K, decode tiles with split K, mid-size and prefill tiles; bf16,
-fp16 with a bias, gate_up with SiLU-and-mul fused), within an SM's shared memory. The interpreter tests
+at the Qwen3-8B shapes (the pairs launch for 1-16 rows with split K, decode tiles with split K, mid-size and prefill
+tiles; bf16, fp16 with a bias, gate_up with SiLU-and-mul fused), within an SM's shared memory. The interpreter tests
 (test_int4_gemm) check numerics; this catches what only the compiler refuses."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from nv_kernels.testing import SM90_SHARED_MEMORY, ptxas_available, run_compile_
 def test_int4_gemm_compiles_for_sm90(tmp_path: Path) -> None:
     result = run_compile_script(__file__, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "compiled 9 launches" in result.stdout
+    assert "compiled 10 launches" in result.stdout
 
 
 def _compile_all() -> None:
@@ -31,7 +31,7 @@ def _compile_all() -> None:
     scales = torch.ones(k // GROUP, n, dtype=torch.float16)
     zeros = torch.zeros(k // GROUP, n, dtype=torch.uint8)
     # (rows, dtype, bias, gated)
-    launches = [(m, torch.bfloat16, False, False) for m in (1, 16, 48, 512)]
+    launches = [(m, torch.bfloat16, False, False) for m in (1, 9, 16, 48, 512)]
     launches += [(1, torch.float16, True, False), (16, torch.float16, True, False), (1, torch.bfloat16, False, True),
                  (16, torch.bfloat16, False, True), (512, torch.bfloat16, False, True)]
     for m, dtype, bias, gated in launches:
@@ -42,7 +42,7 @@ def _compile_all() -> None:
         args = (x, qweight, scales, zeros, y, y, partials, counters, m, n_out, k, 8, cfg.split_k, x.stride(0),
                 qweight.stride(0), scales.stride(0), y.stride(0), partials.stride(0))
         options = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot, SPLIT=cfg.split_k > 1,
-                       GATED=gated, HAS_BIAS=bias, DOT_IN_FP32=False, NUM_STAGES=cfg.num_stages,
+                       GATED=gated, HAS_BIAS=bias, DOT_IN_FP32=False, NUM_STAGES=cfg.num_stages, PAIRS=cfg.pairs,
                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, USE_PDL=m == 1)   # as on Hopper
         compiled = compile_for_gpu(int4_gemm_kernel, args, options)
         if compiled.metadata.shared > SM90_SHARED_MEMORY:

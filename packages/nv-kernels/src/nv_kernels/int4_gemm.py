@@ -33,11 +33,15 @@ MAX_CODE = 15
 _SHIFTS = torch.arange(0, 32, 4)   # bit offset of code i in its word
 WORKSPACE = SplitKWorkspace()  # split-K partial sums and arrival counters, per device
 SPLIT_K_MAX_M = 64             # rows of a launch that may split K (decode batches: one block of rows)
+PAIRS_MAX_M = 16               # rows of x the pair-dequantizing launch takes (the second MMA operand's columns)
+PAIRS_DTYPES = (torch.bfloat16, torch.float16)
 _empty = torch.empty           # tests poison outputs through this hook
 
 
 class Int4GemmConfig(NamedTuple):
-    """A launch of the kernel: tile rows / columns, tensor cores or the GEMV, K splits, warps, pipeline stages."""
+    """A launch of the kernel: tile rows / columns, tensor cores or the GEMV, K splits, warps, pipeline stages, and
+    whether the tensor cores take the weight as their first operand with codes dequantized in pairs (the kernel's
+    PAIRS: up to 16 rows of bf16 / fp16 x)."""
 
     block_m: int
     block_n: int
@@ -45,17 +49,22 @@ class Int4GemmConfig(NamedTuple):
     split_k: int
     num_warps: int
     num_stages: int
+    pairs: bool = False
 
 
-def choose_config(m: int, n: int, k: int, sm_count: int | None) -> Int4GemmConfig:
-    """The launch for an [m, k] x [k, n] product (sm_count None: 132, an H100). One row: the GEMV on 64-column blocks
-    (two rows per thread, so each x element converted serves two). More: tensor-core tiles of 16, 64 or 128 rows
-    (the bucket of m) by 64 columns, 128 above 64 rows unless that leaves fewer programs than SMs. Up to 64 rows (one
-    row block) K is split until there are about four programs per SM, with at least two groups per split. A first
-    guess, not a measured table: benchmarks/bench_int4_gemm.py times the alternatives on a GPU."""
+def choose_config(m: int, n: int, k: int, sm_count: int | None, pairs: bool = True) -> Int4GemmConfig:
+    """The launch for an [m, k] x [k, n] product (sm_count None: 132, an H100). Up to 16 rows where `pairs` (x in
+    bf16 / fp16): the weight as the tensor cores' first operand, 128 columns by x's 8 or 16 rows (PAIRS). Else one
+    row: the GEMV on 64-column blocks (two rows per thread, so each x element converted serves two). More: tensor-core
+    tiles of 16, 64 or 128 rows (the bucket of m) by 64 columns, 128 above 64 rows unless that leaves fewer programs
+    than SMs. Up to 64 rows (one row block) K is split until there are about four programs per SM, with at least two
+    groups per split. A first guess, not a measured table: benchmarks/bench_int4_gemm.py times the alternatives on a
+    GPU."""
     groups = k // GROUP
     sms = sm_count or 132
-    if m == 1:
+    if pairs and m <= PAIRS_MAX_M:
+        block_m, block_n, use_dot, stages = (8 if m <= 8 else 16), 128, True, 3
+    elif m == 1:
         block_m, block_n, use_dot, stages = 1, 64, False, 4
     else:
         block_m = 16 if m <= 16 else 64 if m <= SPLIT_K_MAX_M else 128
@@ -67,7 +76,7 @@ def choose_config(m: int, n: int, k: int, sm_count: int | None) -> Int4GemmConfi
         programs = math.ceil(n / block_n)
         split_k = max(1, min(math.ceil(4 * sms / programs), groups // 2))
         split_k = math.ceil(groups / math.ceil(groups / split_k))      # no empty splits
-    return Int4GemmConfig(block_m, block_n, use_dot, split_k, warps, stages)
+    return Int4GemmConfig(block_m, block_n, use_dot, split_k, warps, stages, pairs and m <= PAIRS_MAX_M)
 
 
 def _check_groups(k: int) -> None:
@@ -164,7 +173,11 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
     y = _empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y.view(*x.shape[:-1], n)
-    cfg = config if config is not None else choose_config(m, n, k, cuda_sm_count(x.device))
+    pairs = x.dtype in PAIRS_DTYPES
+    cfg = config if config is not None else choose_config(m, n, k, cuda_sm_count(x.device), pairs)
+    if cfg.pairs and (not pairs or m > cfg.block_m or cfg.block_m not in (8, 16)):
+        raise ValueError(f"int4_gemm: the pairs launch takes one block of 8 or 16 rows of bf16 / fp16 x, got "
+                         f"{m} rows of {x.dtype} for a block of {cfg.block_m}")
     if cfg.split_k > 1 and m > cfg.block_m:
         raise ValueError(f"int4_gemm: a split-K launch takes one block of rows ({cfg.block_m}), got {m} rows")
     if not cfg.use_dot and m != 1:
@@ -185,7 +198,7 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
                  groups_per_split, split_k, flat.stride(0), qweight.stride(0), scales.stride(0), y.stride(0),
                  partials.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
                  SPLIT=split_k > 1, GATED=gated, HAS_BIAS=bias is not None, DOT_IN_FP32=envs.triton_interpret(),
-                 NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                 NUM_STAGES=cfg.num_stages, PAIRS=cfg.pairs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                  **launch_options(x.device, m))
     return y.view(*x.shape[:-1], n)
 

@@ -16,6 +16,9 @@ Variants (constexpr):
   USE_DOT   x [BLOCK_M, 16] slices times (code - zero) [BLOCK_N, 16] on the tensor cores, eight per group (x's
             dtype, exact operands, fp32 sums); else (one row, M == 1) the GEMV on the CUDA cores: products in fp32
             per [BLOCK_N, 16] lane, reduced once after the K loop.
+  PAIRS     up to 16 rows (decode): the weight tile is the MMA's first operand and x^T [128, BLOCK_M] its second,
+            one dot per group of 128 inputs, so the tensor cores' rows are the output columns and only x's few rows
+            are padding. Codes become 16-bit floats two at a time (see below), exactly, in x's dtype (bf16 / fp16).
   SPLIT     the K groups cut over SPLIT_K programs per column block (decode shapes with few column blocks; SPLIT_K
             is a run-time argument, so the split counts of different shapes share one compiled variant):
             each writes fp32 partial sums to a workspace and bumps the block's arrival counter; the last to
@@ -35,6 +38,13 @@ mantissa of 2^23 (0x4B000000) gives the float 2^23 + code, and subtracting 2^23 
 place at bits 4 E (E <= 4, below the exponent) it gives 2^23 + code * 16^E, and one fma with 16^-E and
 -(2^23 * 16^-E + zero) leaves code - zero, exactly again; nibbles 5..7 are masked in place in the word shifted
 by 12. So a code costs one logic op (mask and OR) and one fma: decode is bound by the integer pipe otherwise.
+PAIRS does the same in 16 bits, two codes per instruction: the word shifted by 4 P, masked with 0x000F000F, holds
+nibbles P and P + 4 (inputs 16 P + j and 16 P + 64 + j of word j) at bits 0 and 16; OR-ing in the 16-bit float
+128 (bf16 0x4300; fp16 1024, 0x6400) twice makes the pair of floats 128 + code, exact, and one packed fma subtracts
+128 + zero from both. The pair stays in its register as two neighbouring inputs of the MMA's first operand: a
+group's tile [BLOCK_N, 128] orders its inputs as column c = 32 P + 2 j + h <-> input 16 P + 64 h + j, and x^T is
+read in that order, so no code moves between registers (about 2.5 instructions per code on sm_90 at BLOCK_N 128,
+against 6.7 for the GEMV on the CUDA cores).
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
 # num_warps) or `tl`, which is None when triton is missing; the kernels are checked by their tests instead.
@@ -67,6 +77,50 @@ def _codes_minus_zero(words, words_hi, zero, SLAB: tl.constexpr):
     biased = ((src & (0xF << (4 * E))) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + code * 16^E
     inv = 1.0 / (1 << (4 * E))
     return tl.fma(biased, inv, -(8388608.0 * inv) - zero[:, None])
+
+
+@triton_jit
+def _code_pairs(words, zero, P: tl.constexpr, X_DTYPE: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """The nibbles P and P + 4 of words [BLOCK_N, 16] minus zero [BLOCK_N, 1] (int32) -> (lo, hi) [BLOCK_N, 16]:
+    code - zero of inputs 16 P + j (lo) and 16 P + 64 + j (hi), exact, in X_DTYPE (bf16 / fp16); fp32 where
+    DOT_IN_FP32 (the interpreter, which runs no PTX)."""
+    if DOT_IN_FP32:
+        lo = (((words >> (4 * P)) & 0xF) - zero).to(tl.float32)
+        hi = (((words >> (4 * P + 16)) & 0xF) - zero).to(tl.float32)
+    elif X_DTYPE == tl.bfloat16:   # 0x4300 = 128.0: 128 + code (7 mantissa bits: exact); 0xC300 + zero = -(128 + zero)
+        # the mask and the OR in one lop3 (older ptxas leaves `& | ` written in Triton as two instructions)
+        neg = zero + 0xC300
+        lo, hi = tl.inline_asm_elementwise(
+            "{.reg .b32 t, one; mov.b32 one, 0x3F803F80; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; "
+            "fma.rn.bf16x2 t, t, one, $3; mov.b32 {$0, $1}, t;}",
+            "=h,=h,r,r", [words >> (4 * P), neg | (neg << 16)], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+            pack=1)
+    else:   # fp16: 0x6400 = 1024.0 (10 mantissa bits), 0xE400 + zero = -(1024 + zero)
+        neg = zero + 0xE400
+        lo, hi = tl.inline_asm_elementwise(
+            "{.reg .b32 t, one; mov.b32 one, 0x3C003C00; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; "
+            "fma.rn.f16x2 t, t, one, $3; mov.b32 {$0, $1}, t;}",
+            "=h,=h,r,r", [words >> (4 * P), neg | (neg << 16)], dtype=(tl.float16, tl.float16), is_pure=True,
+            pack=1)
+    return lo, hi
+
+
+@triton_jit
+def _pair_sums(QW, SCALES, ZEROS, w_ptrs, x_tile, rn, n_mask, g, stride_sg, BLOCK_N: tl.constexpr,
+               DOT_IN_FP32: tl.constexpr):
+    """PAIRS: group g's sums, scaled, [BLOCK_N, BLOCK_M] fp32; x_tile [128, BLOCK_M]: x^T's group g in the tile's
+    input order (column c = 32 P + 2 j + h of the weight tile <-> input 16 P + 64 h + j)."""
+    words = tl.load(w_ptrs + g * 16, mask=n_mask[:, None], other=0)                  # [BLOCK_N, 16] int32
+    scale = tl.load(SCALES + g * stride_sg + rn, mask=n_mask, other=0.0).to(tl.float32)            # [BLOCK_N]
+    zero = tl.load(ZEROS + g * stride_sg + rn, mask=n_mask, other=0).to(tl.int32)[:, None]         # [BLOCK_N, 1]
+    l0, h0 = _code_pairs(words, zero, 0, x_tile.dtype, DOT_IN_FP32)
+    l1, h1 = _code_pairs(words, zero, 1, x_tile.dtype, DOT_IN_FP32)
+    l2, h2 = _code_pairs(words, zero, 2, x_tile.dtype, DOT_IN_FP32)
+    l3, h3 = _code_pairs(words, zero, 3, x_tile.dtype, DOT_IN_FP32)
+    # [BLOCK_N, 16 (j), 2 (h), 2 (P % 2), 2 (P // 2)] -> [BLOCK_N, P // 2, P % 2, j, h]: the pairs (h) innermost
+    tile = tl.join(tl.join(tl.join(l0, h0), tl.join(l1, h1)), tl.join(tl.join(l2, h2), tl.join(l3, h3)))
+    w = tl.permute(tile, (0, 4, 3, 1, 2)).reshape(BLOCK_N, 128)
+    return tl.dot(w, x_tile) * scale[:, None]
 
 
 @triton_jit
@@ -123,7 +177,7 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
                      stride_xm, stride_qn, stride_sg, stride_om, stride_ps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SPLIT: tl.constexpr,
                      GATED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr = False):
+                     NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr = False, PAIRS: tl.constexpr = False):
     # X [M, K], OUT [M, N] in the model dtype; grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)).
     # GATED: the weight has 2 N rows, [gate; up], and OUT = silu(gate) * up; the up rows of these columns sit N rows
     # further down (their scales and zeros N columns further right).
@@ -146,7 +200,12 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
     g_hi = tl.minimum(g_lo + GROUPS_PER_SPLIT, K // 128)
     w_ptrs = QW + rn.to(tl.int64)[:, None] * stride_qn + rj[None, :]            # [BLOCK_N, 16]: group 0
     up_ptrs = QW + (rn.to(tl.int64) + N)[:, None] * stride_qn + rj[None, :]      # GATED: the up rows' words
-    if USE_DOT:
+    if PAIRS:   # x^T [128, BLOCK_M] in the weight tile's input order: row c <-> input 16 P + 64 h + j
+        rc = tl.arange(0, 128)
+        xk = 16 * (rc // 32) + 64 * (rc % 2) + (rc // 2) % 16
+        x_ptrs = X + rm[None, :] * stride_xm + xk[:, None]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)                    # transposed until the epilogue
+    elif USE_DOT:
         x_ptrs = X + rm[:, None] * stride_xm + rj[None, :]                       # [BLOCK_M, 16]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:   # M == 1
@@ -154,12 +213,24 @@ def int4_gemm_kernel(X, QW, SCALES, ZEROS, BIAS, OUT, PART, COUNTERS, M, N, K, G
         acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     up = acc
     for g in tl.range(g_lo, g_hi, num_stages=NUM_STAGES):  # pyright: ignore[reportGeneralTypeIssues]
-        acc += _group_sums(QW, SCALES, ZEROS, w_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride_sg, BLOCK_M, BLOCK_N,
-                           USE_DOT, DOT_IN_FP32)
-        if GATED:
-            up += _group_sums(QW, SCALES + N, ZEROS + N, up_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride_sg, BLOCK_M,
-                              BLOCK_N, USE_DOT, DOT_IN_FP32)
-    if not USE_DOT:
+        if PAIRS:
+            x_tile = tl.load(x_ptrs + g * 128, mask=m_mask[None, :], other=0.0)     # [128, BLOCK_M]
+            if DOT_IN_FP32:
+                x_tile = x_tile.to(tl.float32)
+            acc += _pair_sums(QW, SCALES, ZEROS, w_ptrs, x_tile, rn, n_mask, g, stride_sg, BLOCK_N, DOT_IN_FP32)
+            if GATED:
+                up += _pair_sums(QW, SCALES + N, ZEROS + N, up_ptrs, x_tile, rn, n_mask, g, stride_sg, BLOCK_N,
+                                 DOT_IN_FP32)
+        else:
+            acc += _group_sums(QW, SCALES, ZEROS, w_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride_sg, BLOCK_M,
+                               BLOCK_N, USE_DOT, DOT_IN_FP32)
+            if GATED:
+                up += _group_sums(QW, SCALES + N, ZEROS + N, up_ptrs, x_ptrs, rn, n_mask, m_mask, g, stride_sg,
+                                  BLOCK_M, BLOCK_N, USE_DOT, DOT_IN_FP32)
+    if PAIRS:
+        acc = tl.trans(acc)                                                      # [BLOCK_M, BLOCK_N]
+        up = tl.trans(up)
+    elif not USE_DOT:
         acc = tl.sum(acc, axis=1)[None, :]                                       # [1, BLOCK_N]
         up = tl.sum(up, axis=1)[None, :]
     mask = m_mask[:, None] & n_mask[None, :]                                      # [BLOCK_M, BLOCK_N]
