@@ -11,7 +11,7 @@ bytes' GB/s, the ratio to bf16, and the best launch without pair dequantization 
 them.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/bench_int4_gemm.py [--m 1,16,256]
-        [--json out.json]
+        [--no-sweep] [--json out.json]
 """
 from __future__ import annotations
 
@@ -42,11 +42,14 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 GATED = ("gate_up",)
 
 
-def sweep(m: int, n: int, k: int, sms: int) -> list[Int4GemmConfig]:   # n: output columns
+def sweep(m: int, n: int, k: int, sms: int, full: bool = True) -> list[Int4GemmConfig]:   # n: output columns
     """The heuristic's launch first, then variants of tile width, split and stages of it and of the launch without
-    pair dequantization (the GEMV at one row, tensor-core tiles above; and the tensor-core tile for one row)."""
+    pair dequantization (the GEMV at one row, tensor-core tiles above; and the tensor-core tile for one row).
+    full=False: the heuristic's launch and the one it would take without pairs, only."""
     base = choose_config(m, n, k, sms)
     found = [base]
+    if not full:
+        return list(dict.fromkeys([base, choose_config(m, n, k, sms, pairs=False)]))
     groups = k // 128
     starts = [base] if not base.pairs else [base, choose_config(m, n, k, sms, pairs=False)]
     for start in starts:
@@ -62,7 +65,7 @@ def sweep(m: int, n: int, k: int, sms: int) -> list[Int4GemmConfig]:   # n: outp
     return unique
 
 
-def bench_shape(name: str, n: int, k: int, m: int, sms: int) -> dict:
+def bench_shape(name: str, n: int, k: int, m: int, sms: int, full: bool = True) -> dict:
     copies = max(2, min(MAX_COPIES, math.ceil(2 * L2_BYTES / (n * k // 2))))
     weights = [0.02 * torch.randn(n, k, device="cuda", dtype=DTYPE) for _ in range(min(copies, 4))]
     int4 = [pack_int4_weight(*quantize_int4(w)) for w in weights]
@@ -77,7 +80,7 @@ def bench_shape(name: str, n: int, k: int, m: int, sms: int) -> dict:
         result["bf16_skinny_us"] = graph_us([lambda w=w: skinny_gemm(x, w, gated=gated) for w in bf16])
     want = int4_gemm_torch(x, *int4[0], gated=gated)
     timings = []
-    for cfg in sweep(m, n // 2 if gated else n, k, sms):
+    for cfg in sweep(m, n // 2 if gated else n, k, sms, full):
         if relative_error(int4_gemm_triton(x, *int4[0], config=cfg, gated=gated), want) > 2e-2:
             raise SystemExit(f"{name} m={m} {cfg}: wrong result")
         calls = [lambda q=q, c=cfg: int4_gemm_triton(x, *q, config=c, gated=gated) for q in int4]
@@ -97,12 +100,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--m", default="1,16,256")
     p.add_argument("--json")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="time only the heuristic's launch and the launch it would take without pairs")
     args = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
     for m in (int(v) for v in args.m.split(",")):
         for name, (n, k) in SHAPES.items():
-            r = bench_shape(name, n, k, m, sms)
+            r = bench_shape(name, n, k, m, sms, not args.no_sweep)
             results.append(r)
             print(f"{name:8s} m={m:4d} bf16 {min(r['bf16_us'], r.get('bf16_skinny_us', math.inf)):8.1f} us | int4 "
                   f"{r['int4_us']:8.1f} us ({r['int4_GBs']:6.0f} GB/s, x{r['ratio']:.2f}) | best {r['best_us']:8.1f}"
