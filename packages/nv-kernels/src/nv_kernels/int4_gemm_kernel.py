@@ -64,6 +64,14 @@ except ImportError:  # pragma: no cover
 
 GROUP = 128               # inputs per scale / zero: one K step
 WORDS = GROUP // 8        # int32 words per row per group
+# PAIRS: a word (shifted) -> two 16-bit floats B + code (mask and OR in one lop3: older ptxas leaves `& |` written in
+# Triton as two instructions), minus B + zero ($3: that float negated, in both halves) in one packed fma. B: bf16 128
+# (0x4300; 7 mantissa bits hold the code exactly), fp16 1024 (0x6400).
+_PAIR_ASM = ("{.reg .b32 t, one; mov.b32 one, %s; lop3.b32 t, $2, 0x000F000F, %s, 0xEA; fma.rn.%s t, t, one, $3; "
+             "mov.b32 {$0, $1}, t;}")
+if tl is not None:
+    PAIR_ASM_BF16 = tl.constexpr(_PAIR_ASM % ("0x3F803F80", "0x43004300", "bf16x2"))
+    PAIR_ASM_F16 = tl.constexpr(_PAIR_ASM % ("0x3C003C00", "0x64006400", "f16x2"))
 
 
 @triton_jit
@@ -87,21 +95,13 @@ def _code_pairs(words, zero, P: tl.constexpr, X_DTYPE: tl.constexpr, DOT_IN_FP32
     if DOT_IN_FP32:
         lo = (((words >> (4 * P)) & 0xF) - zero).to(tl.float32)
         hi = (((words >> (4 * P + 16)) & 0xF) - zero).to(tl.float32)
-    elif X_DTYPE == tl.bfloat16:   # 0x4300 = 128.0: 128 + code (7 mantissa bits: exact); 0xC300 + zero = -(128 + zero)
-        # the mask and the OR in one lop3 (older ptxas leaves `& | ` written in Triton as two instructions)
-        neg = zero + 0xC300
-        lo, hi = tl.inline_asm_elementwise(
-            "{.reg .b32 t, one; mov.b32 one, 0x3F803F80; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; "
-            "fma.rn.bf16x2 t, t, one, $3; mov.b32 {$0, $1}, t;}",
-            "=h,=h,r,r", [words >> (4 * P), neg | (neg << 16)], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
-            pack=1)
-    else:   # fp16: 0x6400 = 1024.0 (10 mantissa bits), 0xE400 + zero = -(1024 + zero)
-        neg = zero + 0xE400
-        lo, hi = tl.inline_asm_elementwise(
-            "{.reg .b32 t, one; mov.b32 one, 0x3C003C00; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; "
-            "fma.rn.f16x2 t, t, one, $3; mov.b32 {$0, $1}, t;}",
-            "=h,=h,r,r", [words >> (4 * P), neg | (neg << 16)], dtype=(tl.float16, tl.float16), is_pure=True,
-            pack=1)
+    else:
+        neg = zero + (0xC300 if X_DTYPE == tl.bfloat16 else 0xE400)          # the 16-bit float -(B + zero)
+        lo, hi = tl.inline_asm_elementwise(PAIR_ASM_BF16 if X_DTYPE == tl.bfloat16 else PAIR_ASM_F16, "=h,=h,r,r",
+                                           [words >> (4 * P), neg | (neg << 16)], dtype=(tl.int16, tl.int16),
+                                           is_pure=True, pack=1)
+        lo = lo.to(X_DTYPE, bitcast=True)
+        hi = hi.to(X_DTYPE, bitcast=True)
     return lo, hi
 
 
