@@ -77,8 +77,9 @@ def test_awq_and_gptq_checkpoints_are_close_to_the_unquantized_model(tiny_dir: P
 
 
 def test_the_triton_kernel_inside_the_engine_gives_the_torch_paths_tokens(int4_dirs: dict[str, Path]) -> None:
-    """fused_ops "on": the INT4 layers run the Triton kernel in its interpreter (prefill rows on the tensor-core
-    path with split K, one-row decode steps on the GEMV), as on a GPU."""
+    """fused_ops "on": the INT4 layers run the Triton kernel in its interpreter (prefill rows and one-row decode
+    steps on the launches a GPU takes for them: up to 16 rows the codes dequantized in pairs, split K), as on a
+    GPU."""
     from nv_engine import LLM, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=TOP_K, ignore_eos=True)
