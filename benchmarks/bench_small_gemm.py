@@ -189,20 +189,20 @@ def bench_norm_fused(xs: list[torch.Tensor], weights: list[torch.Tensor], rows: 
 
 def fp8_sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemmConfig]:
     """The FP8 layers' configuration first, then a grid: the CUDA-core GEMV at M = 1 (one K tile per program
-    among them), tl.dot above; tiles fitted to the scale blocks (fp8_skinny_gemm does the same at launch)."""
+    among them), and the tensor cores' weight-first tiles at every M (BLOCK_K 128, one scale block); tiles fitted
+    to the scale blocks (fp8_skinny_gemm does the same at launch)."""
     configs = [choose_fp8_config(rows, k, m, gated)]
     n_out = rows // 2 if gated else rows
     widest = min(4096, 1 << (k - 1).bit_length())              # a whole row of K 4096 per program at most
+    grid: list[tuple[int, int, int, int, bool]] = []
     if m == 1:
-        grid = itertools.product((2, 4, 8, 16, 32) if full else (4, 8, 16), (512, 1024, 2048, widest) if full else
-                                 (1024, 2048, widest), (1, 2, 4) if full else (1, 2), (4, 8), (False,))
-    else:
-        grid = itertools.product((16, 32, 64) if full else (16, 32), (64, 128, 256) if full else (128, 256),
-                                 (1, 2, 4) if full else (1, 2), (4, 8) if full else (4,), (True,))
+        grid += itertools.product((2, 4, 8, 16, 32) if full else (4, 8, 16), (512, 1024, 2048, widest) if full else
+                                  (1024, 2048, widest), (1, 2, 4) if full else (1, 2), (4, 8), (False,))
+    grid += itertools.product((64, 128), (128,), (1, 2, 4, 8, 16) if full else (2, 4, 8), (4,), (True,))
     for bn, bk, sk, nw, dot in grid:
         if k // sk < bk or (not dot and bn * bk > 32 * 128 * nw):   # the GEMV: at most 128 fp32 lanes a thread
             continue
-        stages = 1 if bk * sk >= k else (2 if m == 1 else 4)
+        stages = 1 if bk * sk >= k else (2 if not dot else 3)
         cfg = fit_to_scale_blocks(SkinnyGemmConfig(block_n=bn, block_k=bk, split_k=sk, num_warps=nw,
                                                    num_stages=stages, use_dot=dot), n_out, gated)
         if cfg not in configs:

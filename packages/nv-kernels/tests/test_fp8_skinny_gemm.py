@@ -160,14 +160,18 @@ def test_rejects_what_it_cannot_compute(interp: ModuleType) -> None:
 
 
 def test_configurations_fit_the_scale_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From the bf16 choice (shapes without a measured FP8 entry): tiles within one scale row; tensor-core tiles
-    halved along K to at most 128. A measured FP8 entry wins, fitted to the scale blocks as well."""
+    """Shapes without a measured FP8 entry: one row from the bf16 choice, more on the tensor cores with 128-row
+    weight tiles and one scale block per K step, split until the SMs are covered; all within one scale row. A
+    measured FP8 entry wins, fitted to the scale blocks as well."""
     import nv_kernels.fp8_skinny_gemm_config as fp8_config
 
     shapes = [(6144, 4096, False), (4096, 4096, False), (24576, 4096, True), (4096, 12288, False)]   # Qwen3-8B
     measured = {(rows, k, m, gated): choose_fp8_config(rows, k, m, gated) for rows, k, gated in shapes
                 for m in (1, 4, 16)}
-    assert all(cfg == FP8_TUNED_CONFIGS[key] for key, cfg in measured.items())
+    assert all(cfg == FP8_TUNED_CONFIGS[key] for key, cfg in measured.items() if key in FP8_TUNED_CONFIGS)
+    qkv16 = measured[(6144, 4096, 16, False)]
+    assert qkv16.use_dot and (qkv16.block_n, qkv16.block_k, qkv16.num_warps) == (128, 128, 4)
+    assert -(-6144 // 128) * qkv16.split_k >= 132 and 4096 // 128 // qkv16.split_k >= 2
     monkeypatch.setattr(fp8_config, "FP8_TUNED_CONFIGS", {})
     for rows, k, gated in shapes:
         for m in (1, 4, 16):
@@ -180,9 +184,11 @@ def test_configurations_fit_the_scale_blocks(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.undo()
     narrow = fit_to_scale_blocks(SkinnyGemmConfig(block_n=64, use_dot=True), 40, gated=True)
     assert narrow.block_n == 8 and not narrow.use_dot                     # tl.dot needs 16 columns
-    tuned = SkinnyGemmConfig(block_n=16, block_k=512, split_k=4, num_warps=8)
+    tuned = SkinnyGemmConfig(block_n=16, block_k=128, split_k=4, num_warps=8)
     monkeypatch.setitem(FP8_TUNED_CONFIGS, (4096, 12288, 4, False), tuned)
     assert choose_fp8_config(4096, 12288, 3, False) is tuned               # M 3 is in the bucket of 4
+    wide = SkinnyGemmConfig(block_n=16, block_k=512, split_k=4, num_warps=8)
+    assert fit_to_scale_blocks(wide, 4096, gated=False).block_k == 128    # tensor cores: a scale block a step
 
 
 def test_dispatch_condition(interp: ModuleType) -> None:

@@ -100,7 +100,7 @@ def fp8_skinny_gemm(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tensor | No
         return out
     cfg = choose_fp8_config(weight_rows, k, m, gated, x.device) if config is None else \
         fit_to_scale_blocks(config, n_out, gated)
-    m_pad = max(16, m_bucket(m)) if cfg.use_dot else m_bucket(m)           # tl.dot takes at least 16 rows
+    m_pad = max(8, m_bucket(m)) if cfg.use_dot else m_bucket(m)            # x^T: the MMA's 8-column side
     k_per_split = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k) * cfg.block_k
     split_k = math.ceil(k / k_per_split)                                   # no empty splits
     column_blocks = math.ceil(n_out / cfg.block_n)

@@ -9,14 +9,17 @@ kernel shares): each program owns BLOCK_N output columns and streams their weigh
 column block write fp32 partial sums to the shared split-K workspace and the last to arrive reduces them in split
 order and resets its counter (CUDA-graph safe, no fill per call).
 
-Dequantization: BLOCK_N divides 128 (and, with GATED, the up offset N), so a tile's rows share one scale row;
-the scales of its K lanes, s[k] = S[row, k // 128], are folded into x (xs = x * s, [M_PAD, BLOCK_K], cheap
-next to the [BLOCK_N, BLOCK_K] weight tile), and the e4m3 codes are only widened: fp32 for the CUDA-core paths
-(exact: fp32 products and sums), bf16 for tl.dot (codes exact in bf16; xs rounded to bf16 once, as a bf16 GEMM's
-input is).
+Dequantization: BLOCK_N divides 128 (and, with GATED, the up offset N), so a tile's rows share one scale row.
+On the tensor cores (USE_DOT) a K step is one 128-input scale block (BLOCK_K = 128): the e4m3 codes, widened to
+x's dtype (exact), are the MMA's first operand and x^T [BLOCK_K, M_PAD] its second, so the MMA's rows are output
+columns and x's few rows are the padded side (M_PAD 8 or 16); the products are exact, summed in fp32, and the step's
+one scale multiplies its sums. The weight tile costs a conversion per pair of codes and no register moves, about
+3.3 instructions per code on sm_90 against 10 for x as the first operand (x * s rounded to bf16 then, every warp
+converting all of x for a 32-column tile). On the CUDA cores the scales of the K lanes, s[k] = S[row, k // 128],
+are folded into x (xs = x * s in fp32, [M_PAD, BLOCK_K]) and the codes are widened to fp32 (exact products).
 
-Variants (constexpr) as skinny_gemm_kernel's: USE_DOT (tensor cores, M padded to 16) or the CUDA-core
-multiply-reduce (the GEMV at M_PAD = 1), GATED (SiLU-and-mul of stacked [gate; up] in the epilogue), HAS_BIAS,
+Variants (constexpr) as skinny_gemm_kernel's: USE_DOT (tensor cores, as above) or the CUDA-core multiply-reduce
+(the GEMV at M_PAD = 1), GATED (SiLU-and-mul of stacked [gate; up] in the epilogue), HAS_BIAS,
 ONE_TILE (one K tile per program, its weight tile and scales loaded before the dependent-launch wait).
 The scale block edge, 128, is written out in the kernel.
 """
@@ -38,21 +41,52 @@ except ImportError:  # pragma: no cover
 
 
 @triton_jit
-def _scaled_x(x, s, USE_DOT: tl.constexpr):
-    """x [M_PAD, BLOCK_K] (model dtype) times the weight scales of its K lanes s [BLOCK_K] fp32: fp32, or bf16 (the
-    operand of tl.dot with the weight tile widened to bf16)."""
-    xs = x.to(tl.float32) * s[None, :]
+def _zero(M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
+    """The running sums: [BLOCK_N, M_PAD] on the tensor cores (the weight tile is the first operand), else the
+    CUDA-core layouts of skinny_gemm_kernel._zero_sums."""
     if USE_DOT:
-        xs = xs.to(tl.bfloat16)
-    return xs
+        sums = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
+    else:
+        sums = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, False)
+    return sums
 
 
 @triton_jit
-def _widened(w, USE_DOT: tl.constexpr):
-    """The e4m3 tile as tl.dot's bf16 operand (exact), or as it is (_accumulate widens it to fp32 itself)."""
+def _scales(s_row, k0, k_idx, k_mask, USE_DOT: tl.constexpr):
+    """The weight scales of a K step: one scalar on the tensor cores (a step is one 128-input scale block), else
+    those of its K lanes [BLOCK_K] (fp32)."""
     if USE_DOT:
-        w = w.to(tl.bfloat16)
-    return w
+        s = tl.load(s_row + k0 // 128)
+    else:
+        s = tl.load(s_row + k_idx // 128, mask=k_mask, other=0.0)
+    return s
+
+
+@triton_jit
+def _add_tile(sums, x, w, s, M_PAD: tl.constexpr, USE_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """sums += x [M_PAD, BLOCK_K] (model dtype) times the tile w [BLOCK_N, BLOCK_K] (e4m3) times its scales s.
+    Tensor cores: the e4m3 codes widened to x's dtype (exact) are the first operand, x^T the second, so the MMA's
+    rows are output columns and only x's M_PAD columns are padding; the products are exact and the step's scalar
+    scale multiplies the fp32 sums. CUDA cores: x * s in fp32 times the codes widened to fp32 (exact products)."""
+    if USE_DOT:
+        if DOT_IN_FP32:
+            part = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)))
+        else:
+            part = tl.dot(w.to(x.dtype), tl.trans(x))
+        sums += part * s
+    else:
+        sums = _accumulate(sums, x.to(tl.float32) * s[None, :], w, M_PAD, False, DOT_IN_FP32)
+    return sums
+
+
+@triton_jit
+def _result(sums, M_PAD: tl.constexpr, USE_DOT: tl.constexpr):
+    """The [M_PAD, BLOCK_N] fp32 result of the running sums."""
+    if USE_DOT:
+        out = tl.trans(sums)
+    else:
+        out = _reduced(sums, M_PAD, False)
+    return out
 
 
 @triton_jit(do_not_specialize=["M"])   # the batch size varies; M_PAD is its compile-time bucket
@@ -81,29 +115,27 @@ def fp8_skinny_gemm_kernel(
     w_ptrs = W + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]       # [BLOCK_N, BLOCK_K] at k = 0..
     x_ptrs = X + rm[:, None] * stride_xm + rk[None, :]                    # [M_PAD, BLOCK_K]
     # running sums as skinny_gemm_kernel keeps them (per K lane on the CUDA cores, reduced once after the loop)
-    gate_sums = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
-    up_sums = _zero_sums(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
+    gate_sums = _zero(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
+    up_sums = _zero(M_PAD, BLOCK_N, BLOCK_K, USE_DOT)
     if ONE_TILE:   # the weight tile and its scales into registers first: before the dependent-launch wait
         k_idx = k_lo + rk
         k_mask = k_idx < k_hi
         if EVEN_K:   # whole tiles: no K mask, the loads stay 16-byte vectors
             k_mask = rk < BLOCK_K
         w = tl.load(w_ptrs + k_lo, mask=n_mask[:, None] & k_mask[None, :], other=0.0)   # [BLOCK_N, BLOCK_K]
-        s = tl.load(s_gate + k_idx // 128, mask=k_mask, other=0.0)                     # [BLOCK_K]
+        s = _scales(s_gate, k_lo, k_idx, k_mask, USE_DOT)                              # [BLOCK_K] or one
         w_up = w
         s_u = s
         if GATED:
             w_up = tl.load(w_ptrs + up_offset + k_lo, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            s_u = tl.load(s_up + k_idx // 128, mask=k_mask, other=0.0)
+            s_u = _scales(s_up, k_lo, k_idx, k_mask, USE_DOT)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         x = tl.load(x_ptrs + k_lo, mask=m_mask[:, None] & k_mask[None, :], other=0.0)   # [M_PAD, BLOCK_K]
-        gate_sums = _accumulate(gate_sums, _scaled_x(x, s, USE_DOT), _widened(w, USE_DOT), M_PAD, USE_DOT,
-                                DOT_IN_FP32)
+        gate_sums = _add_tile(gate_sums, x, w, s, M_PAD, USE_DOT, DOT_IN_FP32)
         if GATED:
-            up_sums = _accumulate(up_sums, _scaled_x(x, s_u, USE_DOT), _widened(w_up, USE_DOT), M_PAD, USE_DOT,
-                                  DOT_IN_FP32)
+            up_sums = _add_tile(up_sums, x, w_up, s_u, M_PAD, USE_DOT, DOT_IN_FP32)
     else:
         if USE_PDL:   # launched early: nothing but pointers before the wait
             tl.extra.cuda.gdc_wait()
@@ -119,17 +151,15 @@ def fp8_skinny_gemm_kernel(
             if GATED:   # both tiles' loads in flight before either is used
                 w_up = tl.load(w_ptrs + up_offset + k0, mask=w_mask, other=0.0)
             x = tl.load(x_ptrs + k0, mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [M_PAD, BLOCK_K]
-            s = tl.load(s_gate + k_idx // 128, mask=k_mask, other=0.0)                 # [BLOCK_K] fp32
-            gate_sums = _accumulate(gate_sums, _scaled_x(x, s, USE_DOT), _widened(w, USE_DOT), M_PAD, USE_DOT,
-                                    DOT_IN_FP32)
+            s = _scales(s_gate, k0, k_idx, k_mask, USE_DOT)                            # [BLOCK_K] or one
+            gate_sums = _add_tile(gate_sums, x, w, s, M_PAD, USE_DOT, DOT_IN_FP32)
             if GATED:
-                s_u = tl.load(s_up + k_idx // 128, mask=k_mask, other=0.0)
-                up_sums = _accumulate(up_sums, _scaled_x(x, s_u, USE_DOT), _widened(w_up, USE_DOT), M_PAD,
-                                      USE_DOT, DOT_IN_FP32)
-    acc = _reduced(gate_sums, M_PAD, USE_DOT)                             # [M_PAD, BLOCK_N] fp32
+                up_sums = _add_tile(up_sums, x, w_up, _scales(s_up, k0, k_idx, k_mask, USE_DOT), M_PAD, USE_DOT,
+                                    DOT_IN_FP32)
+    acc = _result(gate_sums, M_PAD, USE_DOT)                              # [M_PAD, BLOCK_N] fp32
     up = acc
     if GATED:
-        up = _reduced(up_sums, M_PAD, USE_DOT)
+        up = _result(up_sums, M_PAD, USE_DOT)
     mask = m_mask[:, None] & n_mask[None, :]                              # [M_PAD, BLOCK_N]
     out_ptrs = OUT + rm[:, None] * stride_om + rn[None, :]
     if SPLIT_K == 1:
