@@ -18,7 +18,7 @@ fused_norm kernel, then the faster of torch and the best skinny configuration) a
 with the configuration the layers choose and with the three fastest plain configurations.
 
     PYTHONPATH=$(ls -d packages/*/src | tr '\\n' :) python3 benchmarks/bench_small_gemm.py [--json out.json]
-        [--table] [--models 0.6b,8b] [--m 1,2,4,8,16] [--full] [--fp8]
+        [--table] [--models 0.6b,8b] [--m 1,2,4,8,16] [--full] [--fp8 [--quick]]
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from triton.runtime.errors import OutOfResources
 
 from nv_kernels.fp8_block_gemm import fp8_block_gemm_triton, quantize_fp8_block
 from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_torch
-from nv_kernels.fp8_skinny_gemm_config import choose_fp8_config, fit_to_scale_blocks
+from nv_kernels.fp8_skinny_gemm_config import choose_fp8_config, fit_to_scale_blocks, weight_first_config
 from nv_kernels.fused_act import silu_and_mul_triton
 from nv_kernels.fused_norm import rms_norm_triton
 from nv_kernels.skinny_gemm import (
@@ -187,11 +187,14 @@ def bench_norm_fused(xs: list[torch.Tensor], weights: list[torch.Tensor], rows: 
     return {"norm_us": norm_us, "unfused_us": unfused_us, "fused_us": fused}
 
 
-def fp8_sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[SkinnyGemmConfig]:
+def fp8_sweep(rows: int, k: int, m: int, gated: bool, full: bool, quick: bool = False) -> list[SkinnyGemmConfig]:
     """The FP8 layers' configuration first, then a grid: the CUDA-core GEMV at M = 1 (one K tile per program
     among them), and the tensor cores' weight-first tiles at every M (BLOCK_K 128, one scale block); tiles fitted
     to the scale blocks (fp8_skinny_gemm does the same at launch)."""
     configs = [choose_fp8_config(rows, k, m, gated)]
+    if quick:   # the layers' configuration and the tensor cores' weight-first one
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        return list(dict.fromkeys([*configs, weight_first_config(rows, k, gated, sms)]))
     n_out = rows // 2 if gated else rows
     widest = min(4096, 1 << (k - 1).bit_length())              # a whole row of K 4096 per program at most
     grid: list[tuple[int, int, int, int, bool]] = []
@@ -210,7 +213,7 @@ def fp8_sweep(rows: int, k: int, m: int, gated: bool, full: bool) -> list[Skinny
     return configs
 
 
-def bench_fp8_shape(name: str, rows: int, k: int, gated: bool, m: int, full: bool) -> dict:
+def bench_fp8_shape(name: str, rows: int, k: int, gated: bool, m: int, full: bool, quick: bool = False) -> dict:
     """One projection with FP8 weights: the bf16 skinny GEMM (the layers' configuration) on bf16 weights, the FP8
     skinny GEMM (the layers' configuration, then fp8_sweep's) and the W8A8 block GEMM on the same weights
     quantized; GB/s = the weight's bytes (FP8: codes and scales) over the time per call."""
@@ -243,7 +246,7 @@ def bench_fp8_shape(name: str, rows: int, k: int, gated: bool, m: int, full: boo
         print(f"{name:14s} M={m:<4d} bf16 torch {bf16_us:8.2f} us | W8A8 {block_us:8.2f} us "
               f"(x{bf16_us / block_us:4.2f})")
     results, failed = [], []
-    for cfg in [] if large else fp8_sweep(rows, k, m, gated, full):
+    for cfg in [] if large else fp8_sweep(rows, k, m, gated, full, quick):
         try:
             err = relative_error(fp8_skinny_gemm(xs[0], *quantized[0], gated=gated, config=cfg), ref)
         except (OutOfResources, CompilationError):
@@ -287,6 +290,8 @@ def main() -> None:
     parser.add_argument("--models", default="0.6b,8b")
     parser.add_argument("--m", default="1,2,4,8,16", help="batch sizes (rows of x), each at most 16 but with --fp8")
     parser.add_argument("--full", action="store_true", help="a wider sweep (about four times longer)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--fp8: time only the layers' configuration and the tensor cores' weight-first one")
     parser.add_argument("--table", action="store_true", help="print the winners as TUNED_CONFIGS entries")
     parser.add_argument("--fp8", action="store_true",
                         help="FP8 weights: bf16 skinny against FP8 skinny (and W8A8) per projection, GB/s")
@@ -298,8 +303,10 @@ def main() -> None:
     for model in args.models.split(","):
         for proj, (rows, k, gated) in SHAPES[model].items():
             for m in (int(v) for v in args.m.split(",")):
-                bench = bench_fp8_shape if args.fp8 else bench_shape
-                out.append(bench(f"{model} {proj}", rows, k, gated, m, args.full))
+                if args.fp8:
+                    out.append(bench_fp8_shape(f"{model} {proj}", rows, k, gated, m, args.full, args.quick))
+                else:
+                    out.append(bench_shape(f"{model} {proj}", rows, k, gated, m, args.full))
                 torch.cuda.empty_cache()                      # the weight copies of the last shape
     failures = sum(len(r["failed"]) for r in out)
     with open(args.json, "w") as f:
