@@ -43,7 +43,7 @@ nibbles P and P + 4 (inputs 16 P + j and 16 P + 64 + j of word j) at bits 0 and 
 128 (bf16 0x4300; fp16 1024, 0x6400) twice makes the pair of floats 128 + code, exact, and one packed fma subtracts
 128 + zero from both. The pair stays in its register as two neighbouring inputs of the MMA's first operand: a
 group's tile [BLOCK_N, 128] orders its inputs as column c = 32 P + 2 j + h <-> input 16 P + 64 h + j, and x^T is
-read in that order, so no code moves between registers (about 2.5 instructions per code on sm_90 at BLOCK_N 128,
+read in that order, so no code moves between registers (2.5-2.8 instructions per code on sm_90 at BLOCK_N 128,
 against 6.7 for the GEMV on the CUDA cores).
 """
 # Triton kernels: pyright cannot type @triton.jit calls (tl.constexpr parameters, launch options such as
