@@ -130,6 +130,31 @@ def test_gated_kernel_matches_gemm_then_silu_and_mul(kernel: ModuleType, poisone
     assert relative_error(exact, int4_gemm_torch(x.float(), qweight, scales, zeros, bias.float(), gated=True)) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_pair_dequantization_constants_are_exact(dtype: torch.dtype) -> None:
+    """The pairs launch's PTX (which the interpreter does not run): for every code and zero point, the 16-bit
+    float with the code OR-ed into its bias constant, plus the float the kernel makes of -(bias + zero), is
+    code - zero exactly, and the fma's multiplier is 1.0, in both halves of the pair."""
+    import re
+
+    import nv_kernels.int4_gemm_kernel as kernel_module
+
+    bf16 = dtype == torch.bfloat16
+    asm = (kernel_module.PAIR_ASM_BF16 if bf16 else kernel_module.PAIR_ASM_F16).value
+    one, magic = (int(v, 16) for v in re.search(r"mov.b32 one, (0x\w+);.*0x000F000F, (0x\w+),", asm).groups())
+    neg_base = (kernel_module.NEG_BIAS_BF16 if bf16 else kernel_module.NEG_BIAS_F16).value
+
+    def as_float(bits: list[int]) -> torch.Tensor:
+        return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(dtype).float()
+
+    codes, zeros = torch.arange(16), torch.arange(17)
+    for half in (0, 16):
+        biased = as_float([((magic >> half) & 0xFFFF) | c for c in range(16)])               # [16]
+        neg = as_float([neg_base + z for z in range(17)])                                      # [17]
+        got = biased[:, None] * as_float([(one >> half) & 0xFFFF]) + neg[None, :]
+        assert torch.equal(got, (codes[:, None] - zeros[None, :]).float())
+
+
 def test_pairs_launch_needs_16_bit_x_in_one_row_block(kernel: ModuleType) -> None:
     """fp32 x takes the other launches by itself; asked for the pairs launch outright it is a ValueError, as are
     more rows than the pairs block holds."""

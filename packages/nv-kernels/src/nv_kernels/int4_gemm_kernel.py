@@ -72,6 +72,8 @@ _PAIR_ASM = ("{.reg .b32 t, one; mov.b32 one, %s; lop3.b32 t, $2, 0x000F000F, %s
 if tl is not None:
     PAIR_ASM_BF16 = tl.constexpr(_PAIR_ASM % ("0x3F803F80", "0x43004300", "bf16x2"))
     PAIR_ASM_F16 = tl.constexpr(_PAIR_ASM % ("0x3C003C00", "0x64006400", "f16x2"))
+    NEG_BIAS_BF16 = tl.constexpr(0xC300)       # -128.0 in bf16; + zero: -(128 + zero)
+    NEG_BIAS_F16 = tl.constexpr(0xE400)        # -1024.0 in fp16
 
 
 @triton_jit
@@ -96,7 +98,7 @@ def _code_pairs(words, zero, P: tl.constexpr, X_DTYPE: tl.constexpr, DOT_IN_FP32
         lo = (((words >> (4 * P)) & 0xF) - zero).to(tl.float32)
         hi = (((words >> (4 * P + 16)) & 0xF) - zero).to(tl.float32)
     else:
-        neg = zero + (0xC300 if X_DTYPE == tl.bfloat16 else 0xE400)          # the 16-bit float -(B + zero)
+        neg = zero + (NEG_BIAS_BF16 if X_DTYPE == tl.bfloat16 else NEG_BIAS_F16)   # the 16-bit float -(B + zero)
         lo, hi = tl.inline_asm_elementwise(PAIR_ASM_BF16 if X_DTYPE == tl.bfloat16 else PAIR_ASM_F16, "=h,=h,r,r",
                                            [words >> (4 * P), neg | (neg << 16)], dtype=(tl.int16, tl.int16),
                                            is_pure=True, pack=1)
