@@ -225,6 +225,19 @@ def logprobs_closeness(gguf: str | None) -> None:
                       "check_logprobs_close": not violations}), flush=True)
 
 
+def kv_cache_dtypes(text: str) -> tuple[str, ...]:
+    """--kv-cache-dtypes: comma-separated names the engine takes (KV_CACHE_DTYPES), checked before any checkpoint
+    is written."""
+    from nv_engine.config.engine_config import KV_CACHE_DTYPES
+
+    names = tuple(text.split(","))
+    unknown = [name for name in names if name not in KV_CACHE_DTYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown KV cache dtype {', '.join(unknown)}; one of "
+                                         f"{', '.join(KV_CACHE_DTYPES)}")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -240,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     long.add_argument("--num-prompts", type=int, default=64)
     long.add_argument("--prompt-len", type=int, default=3000)
     long.add_argument("--output-len", type=int, default=384)
-    long.add_argument("--kv-cache-dtypes", type=lambda text: tuple(text.split(",")), default=("auto", "fp8"),
+    long.add_argument("--kv-cache-dtypes", type=kv_cache_dtypes, default=("auto", "fp8"),
                       help="the KV cache dtypes to run, one engine each, e.g. fp8")
     lp = sub.add_parser("logprobs")
     lp.add_argument("gguf", nargs="?")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from nv_engine.config.engine_config import KV_CACHE_DTYPES
-from nv_engine.entrypoints.bench.throughput import checkpoint_parameters, copy_bandwidth, kv_bytes_per_token
+from nv_engine.entrypoints.bench.throughput import checkpoint_weight_bytes, copy_bandwidth, kv_bytes_per_token
 from nv_engine.entrypoints.llm import LLM
 from nv_engine.sampling_params import SamplingParams
 
@@ -233,7 +233,8 @@ def main() -> None:
         itemsize = torch.empty(0, dtype=llm.config.dtype).element_size()
         kv_per_token = kv_bytes_per_token(hf, llm.config.kv_dtype)   # the floor reads the cache's bytes
         bandwidth = copy_bandwidth(torch.device("cuda:0"))
-        results = sweep(llm, bandwidth, checkpoint_parameters(llm.config.model) * itemsize, kv_per_token)
+        weight_bytes = checkpoint_weight_bytes(llm.config.model, itemsize, llm.config.quantization)
+        results = sweep(llm, bandwidth, weight_bytes, kv_per_token)
         output_path(out, "sweep.json", kv).write_text(json.dumps(results, indent=2))
         lines = ["| sweep | sequences | context | nv tok/s | floor tok/s | ratio | ms/step |",
                  "|---|---|---|---|---|---|---|"]

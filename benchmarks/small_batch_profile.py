@@ -6,7 +6,8 @@ profile of one batch-1 decode step (kernels per step, time per kernel class). Ru
 
 SHAPE: qwen3-0.6b (default) or qwen3-8b (random bf16 weights of that shape, cached). --quantization fp8 / awq: the
 same checkpoint with its linear layers quantized when loaded, to block-wise FP8 or to INT4 in groups of 128 (round
-to nearest, AWQ's layout) (the floors stay those of bf16 weights, so a quantized run can show a share above 1).
+to nearest, AWQ's layout); the floors then count the weights as the runtime stores them, and batch 1's line also
+gives the bf16 weights' floor.
 - batch 1: a 512-token prompt, then 512 decode steps with CUDA graphs, twice; ms per token is the mean step time
   of the first round ("value"), and each round also gives its median and longest step; then 50 steps under
   torch.profiler give the device's busy time per step against the period (a host-bound step shows idle time);
@@ -31,9 +32,17 @@ from pathlib import Path
 import torch
 from perf_sweep import fill_decode, profile_decode_kernels, timed_decode
 
-from nv_engine.entrypoints.bench.throughput import checkpoint_parameters, copy_bandwidth
+from nv_engine.entrypoints.bench.throughput import copy_bandwidth
 from nv_engine.entrypoints.llm import LLM
 from nv_engine.model_loader.random_model import nv_cache_dir, write_random_checkpoint
+
+try:
+    from nv_engine.entrypoints.bench.throughput import checkpoint_weight_bytes
+except ImportError:   # trees before quantized floors: bf16 weights' bytes whatever the quantization
+    from nv_engine.entrypoints.bench.throughput import checkpoint_parameters
+
+    def checkpoint_weight_bytes(model_dir: str, itemsize: int, quantization: str | None = None) -> int:
+        return checkpoint_parameters(model_dir) * itemsize
 
 # kernel class by the first pattern its (lower-cased) name matches
 KERNEL_CLASSES = [
@@ -197,8 +206,10 @@ def main() -> None:
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * itemsize
     bandwidth = copy_bandwidth(torch.device("cuda:0"))
-    weight_bytes = checkpoint_parameters(model) * itemsize
+    weight_bytes = checkpoint_weight_bytes(model, itemsize, args.quantization)
+    bf16_bytes = checkpoint_weight_bytes(model, 2)
     print(json.dumps({"measure": "batch1_floor_ms", "value": round(1e3 * weight_bytes / bandwidth, 4),
+                      "bf16_weights_ms": round(1e3 * bf16_bytes / bandwidth, 4),
                       "copy_bw_GBs": round(bandwidth / 1e9)}), flush=True)
     for batch in [int(b) for b in args.batches.split(",") if b]:
         steps, ctx = 64, 1024

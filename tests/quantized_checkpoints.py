@@ -11,9 +11,11 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from nv_kernels.fp8_block_gemm import quantize_fp8_block
+from nv_layers.linear import LinearBase
 
 FP8_QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                            "weight_block_size": [128, 128]}
@@ -48,3 +50,16 @@ def write_fp8_block_checkpoint(src: Path, dst: Path, quantization_config: dict |
     config["quantization_config"] = quantization_config or FP8_QUANTIZATION_CONFIG
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
+
+
+def runtime_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes the built model holds as weights: its parameters (tied ones once) and each quantized layer's scales
+    and zeros."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for layer in model.modules():
+        if isinstance(layer, LinearBase):
+            for extra in (layer.weight_scale_inv, getattr(layer, "weight_scales", None),
+                          getattr(layer, "weight_zeros", None)):
+                if isinstance(extra, torch.Tensor):
+                    total += extra.numel() * extra.element_size()
+    return total

@@ -73,3 +73,5 @@ def test_long_runs_both_caches_unless_told(bench_kv_fp8) -> None:
     parser = bench_kv_fp8.build_parser()
     assert parser.parse_args(["long"]).kv_cache_dtypes == ("auto", "fp8")
     assert parser.parse_args(["long", "--kv-cache-dtypes", "fp8"]).kv_cache_dtypes == ("fp8",)
+    with pytest.raises(SystemExit):                     # argparse's usage error, before any engine starts
+        parser.parse_args(["long", "--kv-cache-dtypes", "fp8,bf17"])

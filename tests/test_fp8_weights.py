@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from hf_compare import check_logprobs_close, nv_with_logprobs
-from quantized_checkpoints import write_fp8_block_checkpoint
+from quantized_checkpoints import runtime_weight_bytes, write_fp8_block_checkpoint
 
 PROMPTS = ["The quick brown fox", "Hello, world! How", "1 2 3 4 5", "Paged attention stores keys"]
 TOP_K = 5
@@ -77,3 +77,22 @@ def test_quantization_settings_that_nv_cannot_honour(tiny_qwen3_dir: Path, fp8_d
                                         {"quant_method": "fp8", "weight_block_size": [64, 64]})
     with pytest.raises(ValueError, match="weight_block_size"):
         EngineArgs(model=str(blocks)).create_engine_config()
+
+
+
+@pytest.mark.parametrize("source", ["online", "checkpoint"])
+def test_the_benchmark_floor_counts_the_fp8_weights_the_model_holds(tiny_qwen3_dir: Path, fp8_dir: Path,
+                                                                    source: str) -> None:
+    from transformers import AutoConfig
+
+    from nv_engine.entrypoints.bench.throughput import checkpoint_weight_bytes
+    from nv_layers.loader import build_model
+    from nv_qwen3.model import Qwen3ForCausalLM
+
+    path = tiny_qwen3_dir if source == "online" else fp8_dir
+    model = build_model(Qwen3ForCausalLM, AutoConfig.from_pretrained(path), path, quantization="fp8")
+    itemsize = model.model.embed_tokens.weight.element_size()
+    held = runtime_weight_bytes(model)
+    assert checkpoint_weight_bytes(str(path), itemsize, "fp8") == held
+    unquantized = build_model(Qwen3ForCausalLM, AutoConfig.from_pretrained(tiny_qwen3_dir), tiny_qwen3_dir)
+    assert checkpoint_weight_bytes(str(tiny_qwen3_dir), itemsize) == runtime_weight_bytes(unquantized) > held

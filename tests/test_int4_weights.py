@@ -24,6 +24,7 @@ from int4_checkpoints import (
     write_dequantized_checkpoint,
     write_int4_checkpoint,
 )
+from quantized_checkpoints import runtime_weight_bytes
 
 from nv_layers.linear import LinearBase
 
@@ -213,3 +214,22 @@ def test_quantization_settings_that_nv_cannot_honour(tiny_dir: Path, int4_dirs: 
     Int4CheckpointFormat.check_g_idx(g_idx, "x.g_idx")
     with pytest.raises(ValueError, match="act-order"):
         Int4CheckpointFormat.check_g_idx(g_idx.flip(0), "x.g_idx")
+
+
+@pytest.mark.parametrize("source", ["online", "awq", "gptq"])
+def test_the_benchmark_floor_counts_the_int4_weights_the_model_holds(tiny_dir: Path, int4_dirs: dict[str, Path],
+                                                                     source: str) -> None:
+    from transformers import AutoConfig
+
+    from nv_engine.entrypoints.bench.throughput import checkpoint_weight_bytes
+    from nv_layers.loader import build_model
+    from nv_qwen3.model import Qwen3ForCausalLM
+
+    path = tiny_dir if source == "online" else int4_dirs[source]
+    quantization = "awq" if source == "online" else source
+    model = build_model(Qwen3ForCausalLM, AutoConfig.from_pretrained(path), path,
+                        quantization="awq" if source == "online" else None)
+    itemsize = model.model.embed_tokens.weight.element_size()
+    held = runtime_weight_bytes(model)
+    assert checkpoint_weight_bytes(str(path), itemsize, quantization) == held
+    assert 3 * held < checkpoint_weight_bytes(str(tiny_dir), itemsize) * 2       # projections at ~a quarter

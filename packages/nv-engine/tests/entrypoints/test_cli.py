@@ -14,6 +14,7 @@ import torch
 from nv_engine.entrypoints import cli
 from nv_engine.entrypoints.bench.throughput import (
     SMALL_WARMUP_OUTPUT_TOKENS,
+    checkpoint_weight_bytes,
     floor_bytes,
     kv_bytes_per_token,
     make_workload,
@@ -51,12 +52,12 @@ def test_fp8_kv_floor_reads_half_the_kv_bytes():
     assert fp8_floor["total_bytes"] / 1e12 == pytest.approx(1.22 + 13.85 / 2, rel=0.01)
 
 
-def test_tiny_nv_bench_with_an_fp8_cache_prints_the_fp8_floor(tmp_path, monkeypatch, capsys):
+def test_tiny_nv_bench_with_an_fp8_cache_and_fp8_weights_prints_their_floor(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     out_json = tmp_path / "bench.json"
     assert cli.main(["bench", "--random-weights", "--shape", "tiny", "--num-prompts", "2", "--min-input-len", "8",
                      "--max-input-len", "16", "--min-output-len", "4", "--max-output-len", "8", "--no-warmup",
-                     "--max-model-len", "64", "--device", "cpu", "--kv-cache-dtype", "fp8",
+                     "--max-model-len", "64", "--device", "cpu", "--kv-cache-dtype", "fp8", "--quantization", "fp8",
                      "--json", str(out_json)]) == 0
     result = json.loads(out_json.read_text())
     # the tiny shape: 4 layers x 2 KV heads x head_dim 32, K and V, 1 byte each
@@ -64,7 +65,14 @@ def test_tiny_nv_bench_with_an_fp8_cache_prints_the_fp8_floor(tmp_path, monkeypa
     work = make_workload(2, (8, 16), (4, 8), max_token_id=511)
     reads = sum(out * len(p) + out * (out + 1) // 2 for p, out in zip(work.prompts, work.max_tokens, strict=True))
     assert result["kv_bytes"] == reads * 4 * 2 * 32 * 2
-    assert "tokens of 512 bytes (torch.float8_e4m3fn)" in capsys.readouterr().out
+    # the weights a step reads: the projections' FP8 codes and block scales, the rest at the model's dtype
+    model = str(tmp_path / "nv" / "bench-random-tiny-bf16")
+    itemsize = torch.empty(0, dtype=getattr(torch, result["dtype"].removeprefix("torch."))).element_size()
+    per_step = checkpoint_weight_bytes(model, itemsize, "fp8")
+    assert result["quantization"] == "fp8" and result["weight_bytes"] == per_step * result["decode_steps"]
+    assert per_step < checkpoint_weight_bytes(model, itemsize)
+    out = capsys.readouterr().out
+    assert "tokens of 512 bytes (torch.float8_e4m3fn)" in out and "fp8 weights" in out
 
 
 def test_nv_generate_random_weights_builds_a_random_qwen3(tmp_path, monkeypatch, capsys):

@@ -6,8 +6,9 @@ max_tokens randint(100, 1024); temperature 0.6, ignore_eos; max_model_len 4096. 
 every batch shape of the workload; elsewhere two short requests), then the timed generate (prefill
 included), its progress on stderr. The workload flags are checked before any checkpoint is written or
 loaded.
-Floor: every decode step reads all weights once, and every generated token reads the KV of its
-whole context (at the KV cache dtype's element size: an FP8 cache reads half a bf16 one's bytes);
+Floor: every decode step reads all weights once (as the runtime stores them: quantized projections at
+their FP8 or INT4 size with their scales), and every generated token reads the KV of its whole context
+(at the KV cache dtype's element size: an FP8 cache reads half a bf16 one's bytes);
 over the copy bandwidth measured in this process (read + write bytes / time).
 """
 from __future__ import annotations
@@ -84,16 +85,51 @@ def copy_bandwidth(device: torch.device, num_bytes: int = 1 << 30, iters: int = 
     return 2 * 4 * n * 5 / (time.perf_counter() - t)
 
 
-def checkpoint_parameters(model_dir: str) -> int:
-    """Number of parameters in the checkpoint's *.safetensors (tied embeddings counted once)."""
+# what the runtime holds per weight element of a quantized linear layer: FP8 one byte plus an fp32 scale per
+# 128 x 128 block; INT4 half a byte plus, per group of 128 inputs, a float16 scale and a uint8 zero
+QUANTIZED_BLOCK = 128
+LINEAR_WEIGHT_SUFFIX = "_proj.weight"     # q/k/v/o and gate/up/down projections of Qwen3 and Llama checkpoints
+# safetensors' dtype names: the float weights that load at the model's dtype, and the stored bytes per element
+# of everything else
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+STORED_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+                   "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def checkpoint_weight_bytes(model_dir: str, itemsize: int, quantization: str | None = None) -> int:
+    """Bytes of weights a decode step reads, from the checkpoint's *.safetensors (tied embeddings counted once):
+    floating-point tensors at the model's `itemsize`, except that with `quantization` ("fp8", "awq", "gptq")
+    an unquantized checkpoint's projection weights count as the runtime stores them after nv quantizes them.
+    A quantized checkpoint's own tensors (FP8 weights and scales, INT4 words and scales) count as stored, its INT4
+    zeros as the runtime unpacks them."""
     from safetensors import safe_open
 
     total = 0
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
             for name in f.keys():
-                total += math.prod(f.get_slice(name).get_shape())
+                tensor = f.get_slice(name)
+                shape = tensor.get_shape()
+                numel = math.prod(shape)
+                dtype = tensor.get_dtype()
+                if name.endswith(".g_idx"):        # GPTQ's trivial input order: checked and dropped on load
+                    continue
+                if name.endswith(".qzeros"):       # AWQ / GPTQ: eight 4-bit zeros per int32, held a byte each
+                    total += numel * 8
+                elif dtype not in FLOAT_DTYPES or not name.endswith(".weight"):
+                    total += numel * STORED_ITEMSIZE.get(dtype, itemsize)  # quantized already, or scales, zeros
+                elif quantization is not None and name.endswith(LINEAR_WEIGHT_SUFFIX) and len(shape) == 2:
+                    total += quantized_linear_bytes(shape[0], shape[1], quantization)
+                else:
+                    total += numel * itemsize
     return total
+
+
+def quantized_linear_bytes(rows: int, cols: int, quantization: str) -> int:
+    """What nv stores for a [rows, cols] projection quantized online."""
+    if quantization == "fp8":
+        return rows * cols + 4 * math.ceil(rows / QUANTIZED_BLOCK) * math.ceil(cols / QUANTIZED_BLOCK)
+    return rows * cols // 2 + rows * math.ceil(cols / QUANTIZED_BLOCK) * 3
 
 
 def kv_bytes_per_token(hf_config: Any, kv_dtype: torch.dtype) -> int:
@@ -260,7 +296,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     itemsize = torch.empty(0, dtype=config.dtype).element_size()
     kv_per_token = kv_bytes_per_token(hf, config.kv_dtype)
-    floor = floor_bytes(work, checkpoint_parameters(config.model) * itemsize, kv_per_token, config.max_num_seqs)
+    weight_bytes = checkpoint_weight_bytes(config.model, itemsize, config.quantization)
+    floor = floor_bytes(work, weight_bytes, kv_per_token, config.max_num_seqs)
     floor_seconds = floor["total_bytes"] / bandwidth
     result = dict(
         requests_per_s=len(outputs) / wall, total_tokens_per_s=(work.prompt_tokens + output_tokens) / wall,
@@ -271,7 +308,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         if device.type == "cuda" else "cpu", dtype=str(config.dtype),
         kv_cache_dtype=str(config.kv_dtype), kv_bytes_per_token=kv_per_token, torch=torch.__version__,
         kv_cache_tokens=llm.llm_engine.num_blocks * config.block_size, timed_triton_compiles=jit.variants,
-        warmup=warmup, warmup_triton_compiles=warmup_jit.variants)
+        warmup=warmup, warmup_triton_compiles=warmup_jit.variants, quantization=config.quantization)
     print(f"Throughput: {result['requests_per_s']:.2f} requests/s, {result['total_tokens_per_s']:.2f} "
           f"total tokens/s, {result['output_tokens_per_s']:.2f} output tokens/s")
     print(f"Wall time: {wall:.2f} s for {len(outputs)} requests, {work.prompt_tokens} prompt tokens, "
@@ -282,7 +319,8 @@ def run_bench(args: argparse.Namespace) -> dict:
           f"({result['floor_output_tokens_per_s']:.0f} output tok/s); this run reaches "
           f"{result['floor_ratio']:.1%} of the floor")
     print(f"KV cache: {result['kv_cache_tokens']} tokens of {kv_per_token} bytes ({result['kv_cache_dtype']}); "
-          f"device {result['device']}, {result['dtype']}")
+          f"device {result['device']}, {result['dtype']}"
+          + (f", {config.quantization} weights" if config.quantization else ""))
     print(f"Triton compiles in the benchmark's warm-up (after the engine's own): {len(warmup_jit.variants)}"
           + "".join(f"\n  {v}" for v in warmup_jit.variants))
     print(f"Triton compiles inside the timed run: {len(jit.variants)}"
@@ -294,4 +332,4 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 __all__ = ["Workload", "add_bench_arguments", "bench_arguments_error", "check_bench_arguments", "copy_bandwidth",
-           "floor_bytes", "kv_bytes_per_token", "make_workload", "run_bench"]
+           "checkpoint_weight_bytes", "floor_bytes", "kv_bytes_per_token", "make_workload", "run_bench"]
