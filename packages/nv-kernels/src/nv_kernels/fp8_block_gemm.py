@@ -3,7 +3,8 @@
 `quantize_fp8_block(w)` -> (float8_e4m3fn [N, K], scale_inv float32 [ceil(N/128), ceil(K/128)]), the layout of
 DeepSeek-V3 / Qwen3-FP8 checkpoints (W ~ W_q * scale_inv per block; scale = block amax / 448, round to nearest).
 `fp8_block_gemm(x, w_q, scale_inv, bias)` = x @ W^T with the activations quantized per token per 128-channel
-group (W8A8, dynamic): the Triton kernel (nv_kernels.fp8_block_gemm_kernel) on CUDA tensors, else
+group (W8A8, dynamic): on CUDA tensors two Triton kernels, the activations' quantization
+(nv_kernels.fp8_act_quant_kernel) and the GEMM on FP8 codes (nv_kernels.fp8_block_gemm_kernel), else
 `fp8_block_gemm_torch`, the same numerics in torch (dequantize, then matmul in fp32): the CPU path and the tests'
 reference.
 """
@@ -18,16 +19,29 @@ from torch import Tensor
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 GROUP = 128
+GROUP_M = 8               # row tiles that sweep the columns together (their x tiles stay in L2)
+DEFAULT_SMS = 132         # the launch heuristic's SM count off CUDA (interpreter tests): an H100's / H200's
 
 
-def tile_shape(m: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for m rows. BLOCK_N divides GROUP, so a tile never straddles two scale rows;
-    decode sizes take narrow tiles so that even N = 4096 spreads over more programs than a GPU has SMs."""
-    if m <= 16:
-        return 16, 32, 4
+def tile_shape(m: int, n: int, sms: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for x [m, K] @ W [n, K]^T on `sms` SMs. BLOCK_N divides GROUP, so
+    a tile never straddles two scale rows. Rows: the smallest tile that holds them up to 64, then 128-row tiles
+    where those fill the SMs, else 64. Columns: the widest of 128 / 64 / 32 that still fills them (decode batches
+    read weights: what matters is that every SM streams some). Filled: programs for at least 90% of the SMs (one
+    wave of 128 programs on 132 SMs beats two of 256)."""
+    def fills(rows: int, cols: int) -> bool:
+        return 10 * -(-m // rows) * -(-n // cols) >= 9 * sms
+
     if m <= 64:
-        return 64, 64, 4
-    return 128, 128, 8
+        block_m = max(16, _next_power_of_2(m))
+    else:
+        block_m = 128 if fills(128, 128) else 64
+    block_n = next((b for b in (128, 64) if fills(block_m, b)), 32)
+    return block_m, block_n, 8 if block_m == 128 else 4, 3 if block_m == 128 else 4
+
+
+def _next_power_of_2(v: int) -> int:
+    return 1 << (v - 1).bit_length()
 
 
 def _pad_to(t: Tensor, rows: int, cols: int) -> Tensor:
@@ -69,9 +83,26 @@ def fp8_block_gemm_torch(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tensor
     return y.to(x.dtype).view(*x.shape[:-1], w_q.shape[0])
 
 
+def quantize_activations_triton(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The Triton kernel (nv_kernels.fp8_act_quant_kernel): x [M, K] -> (codes float8_e4m3fn [M, K], scales float32
+    [ceil(K / 128), M]), the rounding of `quantize_activations_torch`."""
+    from nv_kernels.fp8_act_quant_kernel import fp8_act_quant_kernel  # imported at first use (interpreter tests)
+
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(-(-k // GROUP), m, dtype=torch.float32, device=x.device)
+    block_r = 16
+    kernel: Any = fp8_act_quant_kernel
+    kernel[(-(-m // block_r), -(-k // GROUP))](x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0),
+                                               BLOCK_R=block_r, num_warps=4)
+    return q, scale
+
+
 def fp8_block_gemm_triton(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tensor | None = None) -> Tensor:
-    """The Triton kernel: x [..., K] (bf16 / fp16 / fp32) -> [..., N] in x's dtype."""
+    """The Triton kernels: x [..., K] (bf16 / fp16 / fp32) -> [..., N] in x's dtype. The activations are quantized
+    once, then the GEMM runs on FP8 codes."""
     from nv_kernels.fp8_block_gemm_kernel import fp8_block_gemm_kernel  # imported at first use (interpreter tests)
+    from nv_kernels.sm_count import cuda_sm_count
 
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
@@ -79,12 +110,14 @@ def fp8_block_gemm_triton(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tenso
     m, k = flat.shape
     n = w_q.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block_m, block_n, num_warps = tile_shape(m)
-    grid = (-(-m // block_m), -(-n // block_n))
+    x_q, x_scale = quantize_activations_triton(flat)
+    block_m, block_n, num_warps, num_stages = tile_shape(m, n, cuda_sm_count(x.device) or DEFAULT_SMS)
+    grid = (-(-m // block_m) * -(-n // block_n),)
     kernel: Any = fp8_block_gemm_kernel          # launch options (num_warps) are not in the JIT function's type
-    kernel[grid](flat, w_q, scale_inv, bias if bias is not None else y, y, m, n, k,
-                 flat.stride(0), w_q.stride(0), scale_inv.stride(0), y.stride(0),
-                 HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    kernel[grid](x_q, x_scale, w_q, scale_inv, bias if bias is not None else y, y, m, n, k,
+                 x_q.stride(0), x_scale.stride(0), w_q.stride(0), scale_inv.stride(0), y.stride(0),
+                 HAS_BIAS=bias is not None, EVEN_K=k % GROUP == 0, BLOCK_M=block_m, BLOCK_N=block_n,
+                 GROUP_M=GROUP_M, num_warps=num_warps, num_stages=num_stages)
     return y.view(*x.shape[:-1], n)
 
 
