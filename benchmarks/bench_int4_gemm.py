@@ -42,11 +42,12 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 GATED = ("gate_up",)
 
 
-def sweep(m: int, n: int, k: int, sms: int, full: bool = True) -> list[Int4GemmConfig]:   # n: output columns
+def sweep(m: int, n: int, k: int, sms: int, full: bool = True,
+          gated: bool = False) -> list[Int4GemmConfig]:   # n: output columns
     """The heuristic's launch first, then variants of tile width, split and stages of it and of the launch without
     pair dequantization (the GEMV at one row, tensor-core tiles above; and the tensor-core tile for one row).
     full=False: the heuristic's launch and the one it would take without pairs, only."""
-    base = choose_config(m, n, k, sms)
+    base = choose_config(m, n, k, sms, gated=gated)
     found = [base]
     if not full:
         return list(dict.fromkeys([base, choose_config(m, n, k, sms, pairs=False)]))
@@ -80,7 +81,7 @@ def bench_shape(name: str, n: int, k: int, m: int, sms: int, full: bool = True) 
         result["bf16_skinny_us"] = graph_us([lambda w=w: skinny_gemm(x, w, gated=gated) for w in bf16])
     want = int4_gemm_torch(x, *int4[0], gated=gated)
     timings = []
-    for cfg in sweep(m, n // 2 if gated else n, k, sms, full):
+    for cfg in sweep(m, n // 2 if gated else n, k, sms, full, gated):
         if relative_error(int4_gemm_triton(x, *int4[0], config=cfg, gated=gated), want) > 2e-2:
             raise SystemExit(f"{name} m={m} {cfg}: wrong result")
         calls = [lambda q=q, c=cfg: int4_gemm_triton(x, *q, config=c, gated=gated) for q in int4]

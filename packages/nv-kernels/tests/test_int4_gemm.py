@@ -175,8 +175,9 @@ def test_pairs_launch_needs_16_bit_x_in_one_row_block(kernel: ModuleType) -> Non
 def test_launch_choices() -> None:
     one_row = choose_config(1, 4096, 4096, 132)
     assert one_row.pairs and one_row.use_dot and one_row.block_m == 8 and one_row.split_k > 1
-    assert choose_config(9, 4096, 4096, 132)[:2] == (16, 128) and choose_config(16, 4096, 4096, 132).pairs
-    assert not choose_config(17, 4096, 4096, 132).pairs
+    assert choose_config(8, 4096, 4096, 132).pairs and not choose_config(9, 4096, 4096, 132).pairs
+    assert not choose_config(1, 12288, 4096, 132, gated=True).pairs         # gate_up at one row: the GEMV
+    assert choose_config(9, 4096, 4096, 132)[:3] == (16, 64, True)
     fp32_row = choose_config(1, 4096, 4096, 132, pairs=False)              # x in fp32: the GEMV
     assert not fp32_row.use_dot and fp32_row.block_m == 1 and fp32_row.split_k > 1
     assert choose_config(16, 4096, 4096, 132, pairs=False).use_dot

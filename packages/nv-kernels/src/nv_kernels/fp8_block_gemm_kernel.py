@@ -17,7 +17,7 @@ import triton.language as tl
 def fp8_block_gemm_kernel(xq_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, y_ptr, M, N, K,
                           stride_xm, stride_xs, stride_wn, stride_sn, stride_ym,
                           HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+                          BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PAIRED: tl.constexpr = False):
     # grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),); BLOCK_N divides 128, so a tile sits in one weight block row.
     # Programs go in groups of GROUP_M row tiles that sweep the columns together: their x tiles stay in L2 while
     # the weight streams past (the grouped order of Triton's matmul tutorial).
@@ -38,20 +38,38 @@ def fp8_block_gemm_kernel(xq_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, y_p
     x_scale_ptrs = x_scale_ptr + rm_in
     w_scale_row = w_scale_ptr + (pid_n * BLOCK_N // 128) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for group in range(0, tl.cdiv(K, 128)):
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)                                                       # [BLOCK_N, 128] fp8
-        else:
-            k_ok = (group * 128 + rk) < K
-            x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        x_scale = tl.load(x_scale_ptrs + group * stride_xs)                          # [BLOCK_M]
-        w_scale = tl.load(w_scale_row + group)
-        part = tl.dot(x, tl.trans(w), out_dtype=tl.float32)
-        acc += part * (x_scale[:, None] * w_scale)
-        x_ptrs += 128
-        w_ptrs += 128
+    if PAIRED:
+        # two groups a step (the host sends an even number of groups, K a multiple of 256): both dot products are
+        # issued before either is waited for, so the tensor cores are not idle while a step's scales are applied
+        for group in range(0, tl.cdiv(K, 128), 2):
+            x0 = tl.load(x_ptrs)
+            w0 = tl.load(w_ptrs)
+            x1 = tl.load(x_ptrs + 128)
+            w1 = tl.load(w_ptrs + 128)
+            part0 = tl.dot(x0, tl.trans(w0), out_dtype=tl.float32)
+            part1 = tl.dot(x1, tl.trans(w1), out_dtype=tl.float32)
+            x_scale0 = tl.load(x_scale_ptrs + group * stride_xs)
+            x_scale1 = tl.load(x_scale_ptrs + (group + 1) * stride_xs)
+            w_scale0 = tl.load(w_scale_row + group)
+            w_scale1 = tl.load(w_scale_row + group + 1)
+            acc += part0 * (x_scale0[:, None] * w_scale0) + part1 * (x_scale1[:, None] * w_scale1)
+            x_ptrs += 256
+            w_ptrs += 256
+    else:
+        for group in range(0, tl.cdiv(K, 128)):
+            if EVEN_K:
+                x = tl.load(x_ptrs)
+                w = tl.load(w_ptrs)                                                   # [BLOCK_N, 128] fp8
+            else:
+                k_ok = (group * 128 + rk) < K
+                x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+            x_scale = tl.load(x_scale_ptrs + group * stride_xs)                      # [BLOCK_M]
+            w_scale = tl.load(w_scale_row + group)
+            part = tl.dot(x, tl.trans(w), out_dtype=tl.float32)
+            acc += part * (x_scale[:, None] * w_scale)
+            x_ptrs += 128
+            w_ptrs += 128
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),

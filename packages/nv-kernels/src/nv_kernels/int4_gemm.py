@@ -33,7 +33,7 @@ MAX_CODE = 15
 _SHIFTS = torch.arange(0, 32, 4)   # bit offset of code i in its word
 WORKSPACE = SplitKWorkspace()  # split-K partial sums and arrival counters, per device
 SPLIT_K_MAX_M = 64             # rows of a launch that may split K (decode batches: one block of rows)
-PAIRS_MAX_M = 16               # rows of x the pair-dequantizing launch takes (the second MMA operand's columns)
+PAIRS_MAX_M = 8                # rows of x the heuristic sends to the pair-dequantizing launch (it takes up to 16)
 PAIRS_DTYPES = (torch.bfloat16, torch.float16)
 _empty = torch.empty           # tests poison outputs through this hook
 
@@ -52,18 +52,22 @@ class Int4GemmConfig(NamedTuple):
     pairs: bool = False
 
 
-def choose_config(m: int, n: int, k: int, sm_count: int | None, pairs: bool = True) -> Int4GemmConfig:
-    """The launch for an [m, k] x [k, n] product (sm_count None: 132, an H100). Up to 16 rows where `pairs` (x in
-    bf16 / fp16): the weight as the tensor cores' first operand, 128 columns by x's 8 or 16 rows (PAIRS). Else one
-    row: the GEMV on 64-column blocks (two rows per thread, so each x element converted serves two). More: tensor-core
-    tiles of 16, 64 or 128 rows (the bucket of m) by 64 columns, 128 above 64 rows unless that leaves fewer programs
-    than SMs. Up to 64 rows (one row block) K is split until there are about four programs per SM, with at least two
-    groups per split. A first guess, not a measured table: benchmarks/bench_int4_gemm.py times the alternatives on a
-    GPU."""
+def choose_config(m: int, n: int, k: int, sm_count: int | None, pairs: bool = True,
+                  gated: bool = False) -> Int4GemmConfig:
+    """The launch for an [m, k] x [k, n] product (sm_count None: 132, an H100). Up to 8 rows where `pairs` (x in
+    bf16 / fp16) and not `gated`: the weight as the tensor cores' first operand, 128 columns by x's 8 rows (PAIRS).
+    Else one row: the GEMV on 64-column blocks (two rows per thread, so each x element converted serves two). More:
+    tensor-core tiles of 16, 64 or 128 rows (the bucket of m) by 64 columns, 128 above 64 rows unless that leaves
+    fewer programs than SMs. Up to 64 rows (one row block) K is split until there are about four programs per SM,
+    with at least two groups per split. Measured on an H100 at Qwen3-8B's projections: at one row PAIRS takes
+    0.84-0.93x of the GEMV's time for qkv, o and down, but 1.18x for the gated gate_up; at 16 rows PAIRS (16-row
+    tiles) takes 1.18-1.33x of the 16-row tensor-core tiles' time. benchmarks/bench_int4_gemm.py times the
+    alternatives."""
     groups = k // GROUP
     sms = sm_count or 132
-    if pairs and m <= PAIRS_MAX_M:
-        block_m, block_n, use_dot, stages = (8 if m <= 8 else 16), 128, True, 3
+    pairs = pairs and not gated and m <= PAIRS_MAX_M
+    if pairs:
+        block_m, block_n, use_dot, stages = 8, 128, True, 3
     elif m == 1:
         block_m, block_n, use_dot, stages = 1, 64, False, 4
     else:
@@ -76,7 +80,7 @@ def choose_config(m: int, n: int, k: int, sm_count: int | None, pairs: bool = Tr
         programs = math.ceil(n / block_n)
         split_k = max(1, min(math.ceil(4 * sms / programs), groups // 2))
         split_k = math.ceil(groups / math.ceil(groups / split_k))      # no empty splits
-    return Int4GemmConfig(block_m, block_n, use_dot, split_k, warps, stages, pairs and m <= PAIRS_MAX_M)
+    return Int4GemmConfig(block_m, block_n, use_dot, split_k, warps, stages, pairs)
 
 
 def _check_groups(k: int) -> None:
@@ -174,7 +178,7 @@ def int4_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, 
     if m == 0 or n == 0:
         return y.view(*x.shape[:-1], n)
     pairs = x.dtype in PAIRS_DTYPES
-    cfg = config if config is not None else choose_config(m, n, k, cuda_sm_count(x.device), pairs)
+    cfg = config if config is not None else choose_config(m, n, k, cuda_sm_count(x.device), pairs, gated)
     if cfg.pairs and (not pairs or m > cfg.block_m or cfg.block_m not in (8, 16)):
         raise ValueError(f"int4_gemm: the pairs launch takes one block of 8 or 16 rows of bf16 / fp16 x, got "
                          f"{m} rows of {x.dtype} for a block of {cfg.block_m}")
