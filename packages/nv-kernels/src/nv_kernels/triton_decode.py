@@ -358,7 +358,7 @@ def decode_attention(
         return out
     group = hq // hkv
     if num_splits is None:
-        num_splits = choose_num_splits(batch, hkv, max_seqlen_k, num_sms(q.device))
+        num_splits = choose_num_splits(batch, hkv, max_seqlen_k, num_sms(q.device), is_fp8(k_cache.dtype))
     tile = tile or (choose_tile(block_size, head_dim, is_fp8(k_cache.dtype)) if q.is_cuda else 16)
     d_pad = triton.next_power_of_2(head_dim)
     if num_splits > 1:
