@@ -7,7 +7,7 @@ per element is the figure to cut; where it is bound by memory, the registers say
 flight, and a stack means spills.
 
     python3 scripts/dev/kernel_sass.py int4-gemv [--block-n 64] [--num-warps 4] [--num-stages 4] [--sass FILE]
-    python3 scripts/dev/kernel_sass.py decode [--fp8] [--tile 128] [--group-pad 16] [--num-warps 4] [--num-stages 2]
+    python3 scripts/dev/kernel_sass.py decode [--fp8] [--tile 128] [--group-pad 8] [--num-warps 4] [--num-stages 2]
                                               [--sass FILE]
 
 int4-gemv: nv_kernels.int4_gemm_kernel at one row (the GEMV, split K, bf16 activations, Qwen3-8B's qkv);
@@ -171,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-n", type=int, default=64, help="int4-gemv: output rows per program")
     parser.add_argument("--tile", type=int, default=None, help="decode: KV tokens per tile (default: 128 FP8, 64)")
     parser.add_argument("--fp8", action="store_true", help="decode: an FP8 (e4m3) cache")
-    parser.add_argument("--group-pad", type=int, default=16,
-                        help="decode: rows of a program's query tile (its 2 query heads, padded; the engine: 16)")
+    parser.add_argument("--group-pad", type=int, default=None,
+                        help="decode: rows of a program's query tile (2 query heads, padded; default: the engine's)")
     parser.add_argument("--sass", help="also write the disassembly to this file")
     return parser
 
@@ -183,6 +183,10 @@ def main() -> None:
         args.num_stages = 4 if args.kernel == "int4-gemv" else 2
     if args.tile is None:
         args.tile = 128 if args.fp8 else 64
+    if args.group_pad is None:
+        from nv_kernels.decode_tuning import query_tile_rows
+
+        args.group_pad = query_tile_rows(2, args.fp8)
     print(json.dumps(KERNELS[args.kernel](args).__dict__))
 
 
