@@ -61,8 +61,8 @@ def query_tile_rows(group: int, fp8: bool = False) -> int:
     """Rows of a decode program's query tile: its `group` query heads padded to a power of two, at least 16 with a
     16-bit cache and 8 with an FP8 one. The tensor cores multiply 16 rows either way (Triton pads the tile), but the
     loop around them differs: compiled for sm_90 (`scripts/dev/kernel_sass.py decode --fp8 --group-pad 8`), an
-    FP8 loop at 8 rows issues 4.24 instructions per KV token per thread against 5.08 at 16, in the same 128
-    registers; a bf16 loop issues more at 8 rows (4.94 against 4.03)."""
+    FP8 loop at 8 rows takes 4.24 instructions per KV token per thread against 5.08 at 16, in the same 128
+    registers; a bf16 loop takes more at 8 rows (4.94 against 4.03)."""
     return max(8 if fp8 else 16, 1 << (group - 1).bit_length())
 
 
