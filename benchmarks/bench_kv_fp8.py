@@ -137,7 +137,7 @@ def sweep_fp8_launch(args: tuple, scales: dict, copy_bw: float, kv_tokens: int,
     q, k_cache = args[0], args[1]
     batch, (_, block_size, hkv, d), context = q.shape[0], k_cache.shape, args[5]
     kv_bytes = 2 * kv_tokens * hkv * d * k_cache.element_size()
-    today = dict(num_splits=choose_num_splits(batch, hkv, context, num_sms(q.device)),
+    today = dict(num_splits=choose_num_splits(batch, hkv, context, num_sms(q.device), fp8=True),
                  tile=choose_tile(block_size, d, fp8=True), num_warps=4, num_stages=2)
     rows = []
     for splits, tile, warps, stages in FP8_SWEEP:

@@ -27,7 +27,7 @@ def test_decode_bw_sweep_parses(bench_kv_fp8) -> None:
 @pytest.mark.parametrize(("batch", "context"), [(256, 1024), (64, 4096)])   # decode-bw's shapes
 def test_sweep_holds_todays_launch(bench_kv_fp8, num_sms: int, block_size: int, batch: int, context: int) -> None:
     # today's launch: decode_attention's defaults on an FP8 cache (Qwen3-0.6B heads: Hkv 8, D 128)
-    today = (choose_num_splits(batch, 8, context, num_sms), choose_tile(block_size, 128, fp8=True), 4, 2)
+    today = (choose_num_splits(batch, 8, context, num_sms, fp8=True), choose_tile(block_size, 128, fp8=True), 4, 2)
     assert today in bench_kv_fp8.FP8_SWEEP
 
 

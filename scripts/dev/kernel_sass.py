@@ -8,7 +8,7 @@ flight, and a stack means spills.
 
     python3 scripts/dev/kernel_sass.py int4-gemv [--rows 1] [--gemv] [--block-n N] [--num-warps W] [--num-stages S]
                                                  [--sass FILE]
-    python3 scripts/dev/kernel_sass.py decode [--fp8] [--tile 128] [--group-pad 16] [--num-warps 4] [--num-stages 2]
+    python3 scripts/dev/kernel_sass.py decode [--fp8] [--tile 128] [--group-pad 8] [--num-warps 4] [--num-stages 2]
                                               [--sass FILE]
 
 int4-gemv: nv_kernels.int4_gemm_kernel at Qwen3-8B's qkv with bf16 activations, launched as int4_gemm launches it
@@ -182,8 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="int4-gemv: the launch for fp32 x (one row: the GEMV on the CUDA cores), not the pairs")
     parser.add_argument("--tile", type=int, default=None, help="decode: KV tokens per tile (default: 128 FP8, 64)")
     parser.add_argument("--fp8", action="store_true", help="decode: an FP8 (e4m3) cache")
-    parser.add_argument("--group-pad", type=int, default=16,
-                        help="decode: rows of a program's query tile (its 2 query heads, padded; the engine: 16)")
+    parser.add_argument("--group-pad", type=int, default=None,
+                        help="decode: rows of a program's query tile (2 query heads, padded; default: the engine's)")
     parser.add_argument("--sass", help="also write the disassembly to this file")
     return parser
 
@@ -195,6 +195,10 @@ def main() -> None:
         args.num_stages = args.num_stages or 2
     if args.tile is None:
         args.tile = 128 if args.fp8 else 64
+    if args.group_pad is None:
+        from nv_kernels.decode_tuning import query_tile_rows
+
+        args.group_pad = query_tile_rows(2, args.fp8)
     print(json.dumps(KERNELS[args.kernel](args).__dict__))
 
 

@@ -40,7 +40,7 @@ def test_quantizer_round_trip_and_layout() -> None:
 
 @pytest.mark.parametrize("sms", [132, 1])     # an H100's SMs, and one: the widest tiles (128 x 128) at any size
 @pytest.mark.parametrize("m,n,k,bias", [(5, 3072, 1024, False), (1, 200, 300, True), (37, 130, 256, False),
-                                         (130, 256, 200, False), (300, 200, 256, True)])
+                                         (130, 256, 200, False), (300, 200, 256, True), (70, 200, 384, False)])
 def test_kernel_matches_dequantize_then_matmul(kernel: ModuleType, m: int, n: int, k: int, bias: bool, sms: int,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import nv_kernels.fp8_block_gemm as fp8_block_gemm
@@ -100,9 +100,10 @@ def test_every_launch_gives_each_sm_a_program() -> None:
             block_m, block_n, _, _ = tile_shape(m, n, 132)
             assert 128 % block_n == 0 and block_m >= min(m, 64)        # one scale row per tile; rows in one tile
             if block_n > 32:
-                assert -(-m // block_m) * -(-n // block_n) >= 0.9 * 132
+                assert -(-m // block_m) * -(-n // block_n) >= 0.7 * 132
     assert tile_shape(8192, 6144, 132)[:2] == (128, 128)                # prefill: the widest tiles
     assert tile_shape(256, 4096, 132)[:2] == (64, 128)                  # decode batch 256: 128 programs, not 64
+    assert tile_shape(256, 6144, 132)[:2] == (128, 128)                 # 96 programs of the widest tiles
 
 
 def test_activation_rounding_is_per_token_group() -> None:

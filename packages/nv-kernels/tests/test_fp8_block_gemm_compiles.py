@@ -37,7 +37,7 @@ def _compile_all() -> None:
         args = (x_q, x_scale, w_q, scale, y, y, m, n, k, x_q.stride(0), x_scale.stride(0), w_q.stride(0),
                 scale.stride(0), y.stride(0))
         compiled = compile_for_gpu(fp8_block_gemm_kernel, args, dict(
-            HAS_BIAS=False, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=fp8_block_gemm.GROUP_M, PAIRED=False,
+            HAS_BIAS=False, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=fp8_block_gemm.GROUP_M, PAIRED=True,
             num_warps=num_warps, num_stages=num_stages))
         if compiled.metadata.shared > SM90_SHARED_MEMORY:
             raise SystemExit(f"m={m}: {compiled.metadata.shared} bytes of shared memory, more than sm_90 allows")

@@ -97,8 +97,10 @@ class CountingTritonBackend(TritonBackend):
         self.stores = 0
         self.rope_decodes = 0
         self.rope_pays = rope_pays    # None: the backend's own answer
+        self.pays_asked: list[tuple] = []
 
     def decode_rope_pays(self, *args: Any) -> bool:
+        self.pays_asked.append(args)
         return super().decode_rope_pays(*args) if self.rope_pays is None else self.rope_pays
 
     def store_kvcache(self, *args: Any, **kwargs: Any) -> None:
@@ -183,3 +185,23 @@ def test_decode_finishing_rope_equals_torch_path(model_cls: type, config: Any, r
     for a, b in zip(fused_caches, plain_caches, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_the_decoder_tells_the_backend_whether_its_cache_is_fp8(cache_dtype: torch.dtype) -> None:
+    """An FP8 cache splits its decode differently (decode_tuning), and the fused decode pays where it splits: the
+    decoder asks the backend with its cache's kind."""
+    config = Qwen3Config(**SHAPE)
+    model = Qwen3ForCausalLM(config)
+    for layer in model.model.layers:
+        attn = layer.self_attn.attn
+        attn.k_cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim).to(cache_dtype)
+        attn.v_cache = attn.k_cache.clone()
+    backend = CountingTritonBackend(rope_pays=False)
+    decode = ForwardContext(is_decode=True, slot_mapping=torch.tensor([5]),
+                            seq_lens=torch.tensor([6], dtype=torch.int32),
+                            block_tables=torch.tensor([[0, 1, 2]], dtype=torch.int32), cu_seqlens_q=None,
+                            max_seqlen_q=1, max_seqlen_k=4096, logits_indices=None, backend=backend)
+    layer = model.model.layers[0].self_attn
+    assert layer._decode_finishes_rope(decode, 1, torch.device("cpu")) is False
+    assert backend.pays_asked == [(1, layer.num_kv_heads, 4096, torch.device("cpu"), cache_dtype != torch.float32)]

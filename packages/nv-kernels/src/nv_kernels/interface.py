@@ -69,9 +69,11 @@ class DecodesWithRope(Protocol):
     """A backend whose decode finishes q and k itself (nv_kernels.decode_rope): q holds the raw query heads,
     and the new tokens' k / v (rope.k, rope.v, raw) are normed, rotated and stored by the decode kernel."""
 
-    def decode_rope_pays(self, batch: int, num_kv_heads: int, max_seqlen_k: int, device: torch.device) -> bool:
-        """Whether decode_with_rope is faster for this decode shape than the separate norm + rotary + store kernel
-        followed by decode (static facts only: a CUDA graph captured with the answer stays valid)."""
+    def decode_rope_pays(self, batch: int, num_kv_heads: int, max_seqlen_k: int, device: torch.device,
+                         fp8: bool = False) -> bool:
+        """Whether decode_with_rope is faster for this decode shape (fp8: on an FP8 cache) than the separate norm +
+        rotary + store kernel followed by decode (static facts only: a CUDA graph captured with the answer stays
+        valid)."""
         ...
 
     def decode_with_rope(

@@ -90,8 +90,9 @@ class TritonBackend:
                                 _last_dim_contiguous(block_tables), max_seqlen_k, scale,
                                 k_scale=k_scale, v_scale=v_scale)
 
-    def decode_rope_pays(self, batch: int, num_kv_heads: int, max_seqlen_k: int, device: torch.device) -> bool:
-        return fused_decode_rope_pays(batch, num_kv_heads, max_seqlen_k, device)
+    def decode_rope_pays(self, batch: int, num_kv_heads: int, max_seqlen_k: int, device: torch.device,
+                         fp8: bool = False) -> bool:
+        return fused_decode_rope_pays(batch, num_kv_heads, max_seqlen_k, device, fp8)
 
     def decode_with_rope(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, seq_lens: Tensor, block_tables: Tensor,

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.decode_rope_kernel import finish_query_store_new, rope_tables
-from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms
+from nv_kernels.decode_tuning import choose_num_splits, choose_tile, num_sms, query_tile_rows
 from nv_kernels.dependent_launch import launch_options
 from nv_kernels.kv_layout import v_strides_token_major
 from nv_kernels.kv_quant import fp8_max, is_fp8, scale_strides
@@ -358,7 +358,7 @@ def decode_attention(
         return out
     group = hq // hkv
     if num_splits is None:
-        num_splits = choose_num_splits(batch, hkv, max_seqlen_k, num_sms(q.device))
+        num_splits = choose_num_splits(batch, hkv, max_seqlen_k, num_sms(q.device), is_fp8(k_cache.dtype))
     tile = tile or (choose_tile(block_size, head_dim, is_fp8(k_cache.dtype)) if q.is_cuda else 16)
     d_pad = triton.next_power_of_2(head_dim)
     if num_splits > 1:
@@ -385,7 +385,7 @@ def decode_attention(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         block_tables.stride(0), out.stride(0), out.stride(1), *k_strides, *v_strides,
         *_rope_arguments(rope, q),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, D_PAD=d_pad,
+        GROUP=group, GROUP_PAD=query_tile_rows(group, fp8), HEAD_DIM=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, NUM_Q_HEADS=hq, PRECISION=precision,
         FP8=fp8, COMPUTE=compute_dtype(q.dtype, k_cache.dtype), V_TOKEN_MAJOR=v_strides_token_major(v_cache),
         ROPE=rope is not None, HAS_NORM=rope is not None and rope.q_weight is not None, HALF=head_dim // 2,

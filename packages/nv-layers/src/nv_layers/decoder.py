@@ -20,6 +20,7 @@ from nv_kernels.decode_rope import DecodeRope
 from nv_kernels.fp8_skinny_gemm import fp8_skinny_gemm, fp8_skinny_gemm_applies
 from nv_kernels.fused_dispatch import FLOAT_DTYPES, fused_ops_enabled
 from nv_kernels.fused_rope import can_store_into, qk_norm_rope_triton
+from nv_kernels.kv_quant import is_fp8
 from nv_kernels.skinny_gemm import skinny_gemm, skinny_gemm_applies, skinny_norm_gemm, skinny_norm_gemm_applies
 from nv_layers.activation import SiluAndMul
 from nv_layers.attention import Attention
@@ -98,7 +99,8 @@ class DecoderAttention(nn.Module):
         if not (ctx.is_decode and ctx.query_len == 1 and ctx.attention_split is None and self.attn.kv_amax is None
                 and self.rotary_emb.rotary_dim == self.head_dim and hasattr(ctx.backend, "decode_with_rope")):
             return False
-        return ctx.backend.decode_rope_pays(num_tokens, self.num_kv_heads, ctx.max_seqlen_k, device)  # type: ignore[attr-defined]
+        return ctx.backend.decode_rope_pays(num_tokens, self.num_kv_heads, ctx.max_seqlen_k, device,  # type: ignore[attr-defined]
+                                            is_fp8(self.attn.k_cache.dtype))
 
     def _fused_attention(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """CUDA: q/k norm, rotary and the KV-cache store in one kernel (nv_kernels.fused_rope)."""
