@@ -17,7 +17,7 @@ import triton.language as tl
 def fp8_block_gemm_kernel(xq_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, y_ptr, M, N, K,
                           stride_xm, stride_xs, stride_wn, stride_sn, stride_ym,
                           HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PAIRED: tl.constexpr = False):
+                          BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PAIRED: tl.constexpr):
     # grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),); BLOCK_N divides 128, so a tile sits in one weight block row.
     # Programs go in groups of GROUP_M row tiles that sweep the columns together: their x tiles stay in L2 while
     # the weight streams past (the grouped order of Triton's matmul tutorial).
