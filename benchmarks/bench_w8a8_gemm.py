@@ -1,0 +1,143 @@
+"""The W8A8 block-FP8 GEMM (nv_kernels.fp8_block_gemm, the path past 16 rows: decode batches and prefill) against
+torch's bf16 GEMM, per Qwen3-8B projection (GPU only).
+
+For each projection (qkv, o, gate_up without its SiLU-and-mul, down) and M in {256, 2048, 8192}: times torch's
+F.linear on bf16 weights, `fp8_block_gemm_triton` as the layers call it (the activations' quantization, then the
+GEMM on FP8 codes with the launch `tile_shape` picks), the quantization alone, and the GEMM alone over a list of
+launches (tile rows and columns, warps, stages, one or two 128-input groups a step), each checked against the
+dequantize-then-matmul reference first. Each timing is a CUDA graph of calls that rotate through enough copies of the
+weights that each call reads its weight from HBM; microseconds per call are the median over replays. Prints per
+shape: bf16 us, the layers' us and the ratio, the quantization's us, the heuristic's launch and the three fastest;
+--json writes them.
+
+    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python3 benchmarks/bench_w8a8_gemm.py [--m 256,2048,8192]
+        [--full] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from nv_kernels.fp8_block_gemm import (
+    GROUP,
+    GROUP_M,
+    fp8_block_gemm_torch,
+    fp8_block_gemm_triton,
+    quantize_activations_triton,
+    quantize_fp8_block,
+    tile_shape,
+)
+from nv_kernels.testing import relative_error
+
+DTYPE = torch.bfloat16
+L2_BYTES = 50 << 20
+MAX_COPIES = 8
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}   # (N, K)
+TOLERANCE = 1e-2          # relative error against the reference (both round x to FP8 the same way)
+
+
+class W8A8Launch(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    paired: bool
+
+
+# the launches timed besides the heuristic's (--full: every combination of these values)
+LAUNCHES = [W8A8Launch(128, 128, 8, 3, False), W8A8Launch(128, 128, 8, 3, True), W8A8Launch(128, 128, 8, 4, False),
+            W8A8Launch(128, 128, 4, 3, False), W8A8Launch(64, 128, 4, 4, False), W8A8Launch(64, 128, 4, 4, True),
+            W8A8Launch(128, 64, 4, 4, False), W8A8Launch(64, 64, 4, 4, False), W8A8Launch(128, 128, 8, 2, False),
+            W8A8Launch(64, 128, 4, 3, False)]
+
+
+def launch_candidates(m: int, n: int, k: int, sms: int, full: bool = False) -> list[W8A8Launch]:
+    """The heuristic's launch first, then LAUNCHES (or, with `full`, every combination of 64 / 128 rows and
+    columns, 4 / 8 warps, 2-4 stages and one or two groups a step); two groups a step only where K is a multiple of
+    256, as the kernel needs."""
+    block_m, block_n, warps, stages = tile_shape(m, n, sms)
+    paired_ok = k % (2 * GROUP) == 0
+    found = [W8A8Launch(block_m, block_n, warps, stages, paired_ok)]
+    grid = (itertools.starmap(W8A8Launch, itertools.product((64, 128), (64, 128), (4, 8), (2, 3, 4), (False, True)))
+            if full else LAUNCHES)
+    found += [launch for launch in grid if paired_ok or not launch.paired]
+    return list(dict.fromkeys(found))
+
+
+def gemm_call(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, y: torch.Tensor,
+              launch: W8A8Launch) -> None:
+    """The GEMM kernel alone on quantized x, with `launch`."""
+    from nv_kernels.fp8_block_gemm_kernel import fp8_block_gemm_kernel
+
+    (m, k), n = x_q.shape, w_q.shape[0]
+    kernel: Any = fp8_block_gemm_kernel
+    kernel[(math.ceil(m / launch.block_m) * math.ceil(n / launch.block_n),)](
+        x_q, x_scale, w_q, w_scale, y, y, m, n, k, x_q.stride(0), x_scale.stride(0), w_q.stride(0), w_scale.stride(0),
+        y.stride(0), HAS_BIAS=False, EVEN_K=k % GROUP == 0, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
+        GROUP_M=GROUP_M, PAIRED=launch.paired, num_warps=launch.num_warps, num_stages=launch.num_stages)
+
+
+def bench_shape(name: str, n: int, k: int, m: int, sms: int, full: bool) -> dict:
+    from bench_small_gemm import graph_us
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    copies = max(1, min(MAX_COPIES, math.ceil(2 * L2_BYTES / (n * k))))
+    gen = torch.Generator(device="cuda").manual_seed(n + k + m)
+    weights = [(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(DTYPE) for _ in range(copies)]
+    quantized = [quantize_fp8_block(w) for w in weights]
+    x = torch.randn(m, k, device="cuda", generator=gen).to(DTYPE)
+    calls = max(copies, 4)
+    bf16_us = graph_us([lambda i=i: F.linear(x, weights[i % copies]) for i in range(calls)])
+    layers_us = graph_us([lambda i=i: fp8_block_gemm_triton(x, *quantized[i % copies]) for i in range(calls)])
+    quant_us = graph_us([lambda: quantize_activations_triton(x) for _ in range(calls)])
+    x_q, x_scale = quantize_activations_triton(x)
+    want = fp8_block_gemm_torch(x.float(), *quantized[0])
+    y = torch.empty(m, n, dtype=DTYPE, device="cuda")
+    timed, failed = [], []
+    for launch in launch_candidates(m, n, k, sms, full):
+        try:
+            gemm_call(x_q, x_scale, *quantized[0], y, launch)
+        except (OutOfResources, CompilationError):
+            continue
+        err = relative_error(y, want)
+        if not err < TOLERANCE:
+            failed.append({"launch": launch._asdict(), "rel_err": err})
+            continue
+        us = graph_us([lambda i=i, c=launch: gemm_call(x_q, x_scale, *quantized[i % copies], y, c)
+                       for i in range(calls)])
+        timed.append({"launch": launch._asdict(), "us": us})
+    best = sorted(timed, key=lambda r: r["us"])[:3]
+    print(f"{name:8s} M={m:<5d} bf16 {bf16_us:8.1f} us | W8A8 {layers_us:8.1f} us (x{bf16_us / layers_us:4.2f}) | "
+          f"quantize {quant_us:6.1f} us | heuristic's GEMM {timed[0]['us'] if timed else float('nan'):8.1f} us | "
+          + "; ".join(f"{r['us']:.1f} us {tuple(r['launch'].values())}" for r in best), flush=True)
+    for f in failed:
+        print(f"  FAILED {name} M={m}: rel err {f['rel_err']:.3g} with {f['launch']}")
+    return {"shape": name, "n": n, "k": k, "m": m, "bf16_us": bf16_us, "w8a8_us": layers_us, "quantize_us": quant_us,
+            "timed": timed, "failed": failed}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", default="256,2048,8192")
+    p.add_argument("--full", action="store_true", help="every launch combination (about five times longer)")
+    p.add_argument("--json")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = [bench_shape(name, n, k, m, sms, args.full)
+               for m in (int(v) for v in args.m.split(",")) for name, (n, k) in SHAPES.items()]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
