@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from bench_int4_gemm import DTYPE, L2_BYTES, SHAPES
+from bench_small_gemm import graph_us
 
 from nv_kernels.fp8_block_gemm import (
     GROUP,
@@ -35,10 +37,7 @@ from nv_kernels.fp8_block_gemm import (
 )
 from nv_kernels.testing import relative_error
 
-DTYPE = torch.bfloat16
-L2_BYTES = 50 << 20
 MAX_COPIES = 8
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}   # (N, K)
 TOLERANCE = 1e-2          # relative error against the reference (both round x to FP8 the same way)
 
 
@@ -84,7 +83,6 @@ def gemm_call(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_sca
 
 
 def bench_shape(name: str, n: int, k: int, m: int, sms: int, full: bool) -> dict:
-    from bench_small_gemm import graph_us
     from triton.compiler.errors import CompilationError
     from triton.runtime.errors import OutOfResources
 

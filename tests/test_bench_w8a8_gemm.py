@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from repo_scripts import load_script
+from repo_scripts import ROOT, load_script
 
 from nv_kernels.fp8_block_gemm import fp8_block_gemm_torch, quantize_fp8_block, tile_shape
 from nv_kernels.testing import interpreted_triton_modules
@@ -14,7 +14,9 @@ from nv_kernels.testing import interpreted_triton_modules
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_script("benchmarks/bench_w8a8_gemm.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(ROOT / "benchmarks"))     # its neighbours, as when run from the repository root
+        return load_script("benchmarks/bench_w8a8_gemm.py")
 
 
 @pytest.fixture(scope="module")
