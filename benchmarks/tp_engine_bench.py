@@ -51,7 +51,7 @@ def main() -> None:
     args = p.parse_args()
     model = str(nv_cache_dir() / f"bench-random-{args.shape}-bf16")
     if not any(Path(model).glob("*.safetensors")):
-        write_random_checkpoint(model, args.shape, dtype="bfloat16")
+        write_random_checkpoint(model, args.shape, dtype="bfloat16", device="cuda")
     started = time.perf_counter()
     llm = LLM(model, max_model_len=4096, tensor_parallel_size=args.tp,
               disable_custom_all_reduce=args.disable_custom_all_reduce,

@@ -53,7 +53,7 @@ def random_8b_checkpoint() -> Path:
 
     model = nv_cache_dir() / "bench-random-qwen3-8b-bf16"          # shared with the benchmarks
     if not list(Path(model).glob("*.safetensors")):
-        write_random_checkpoint(model, "qwen3-8b", dtype="bfloat16")
+        write_random_checkpoint(model, "qwen3-8b", dtype="bfloat16", device="cuda")
     return model
 
 

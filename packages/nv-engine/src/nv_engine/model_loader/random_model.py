@@ -63,14 +63,16 @@ def qwen3_config(shape: str, dtype: str = "bfloat16", **overrides):
     return config
 
 
-def random_qwen3_weights(config, dtype: torch.dtype, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
-    """HF Qwen3 parameter names -> random tensors (normal(0, std), norms 1)."""
-    g = torch.Generator().manual_seed(seed)
+def random_qwen3_weights(config, dtype: torch.dtype, seed: int = 0, std: float = 0.02,
+                         device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """HF Qwen3 parameter names -> random tensors on the CPU (normal(0, std), norms 1), drawn on `device` (a GPU
+    draws an 8B model's in seconds where a CPU takes minutes; the values differ between devices, not between runs)."""
+    g = torch.Generator(device=device).manual_seed(seed)
     h, inter, d = config.hidden_size, config.intermediate_size, config.head_dim
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
 
     def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g) * std).to(dtype)
+        return (torch.randn(*shape, generator=g, device=device) * std).to(dtype).cpu()
 
     weights = {"model.embed_tokens.weight": rand(config.vocab_size, h), "model.norm.weight": torch.ones(h, dtype=dtype)}
     for i in range(config.num_hidden_layers):
@@ -110,9 +112,10 @@ def write_tokenizer(out_dir: Path, vocab_size: int, corpus: Sequence[str] = _COR
 
 def write_random_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", *, dtype: str = "bfloat16",
                             seed: int = 0, with_tokenizer: bool = False, std: float = 0.02,
-                            **overrides) -> Path:
-    """Write config.json, generation_config.json, model.safetensors (and a tokenizer) to out_dir.
-    Written to a temporary sibling first and renamed, so a reader never sees half a checkpoint."""
+                            device: str | torch.device = "cpu", **overrides) -> Path:
+    """Write config.json, generation_config.json, model.safetensors (and a tokenizer) to out_dir, the weights drawn
+    on `device` (random_qwen3_weights). Written to a temporary sibling first and renamed, so a reader never sees
+    half a checkpoint."""
     from safetensors.torch import save_file
 
     if dtype not in _DTYPES:
@@ -124,7 +127,7 @@ def write_random_checkpoint(out_dir: str | Path, shape: str = "qwen3-0.6b", *, d
     try:
         config.save_pretrained(tmp)
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "do_sample": False}))
-        save_file(random_qwen3_weights(config, _DTYPES[dtype], seed, std), str(tmp / "model.safetensors"),
+        save_file(random_qwen3_weights(config, _DTYPES[dtype], seed, std, device), str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         if with_tokenizer:
             write_tokenizer(tmp, config.vocab_size)

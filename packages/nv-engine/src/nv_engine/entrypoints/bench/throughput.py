@@ -269,7 +269,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         model = str(nv_cache_dir() / f"bench-random-{args.shape}-bf16")
         if not (Path(model) / "model.safetensors").exists():
             print(f"writing a random-weight {args.shape} checkpoint (bf16) to {model}", flush=True)
-            write_random_checkpoint(model, args.shape, dtype="bfloat16")
+            write_random_checkpoint(model, args.shape, dtype="bfloat16",
+                                    device="cuda" if torch.cuda.is_available() else "cpu")
         else:
             print(f"using the random-weight {args.shape} checkpoint in {model}", flush=True)
     from nv_engine.config.engine_config import resolve_device
