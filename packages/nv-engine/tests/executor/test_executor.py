@@ -229,3 +229,28 @@ def test_unpicklable_config_fails_cleanly():
     with pytest.raises(Exception, match="pickle|lambda"):
         MultiProcExecutor(config, RUNNER)
     assert not dist.is_initialized()
+
+
+def test_worker_error_before_rank0_enters_the_call_still_closes_executor(monkeypatch):
+    # the failing rank's error can arrive before the driver's own rank starts the call (a busy machine); the grace
+    # must then start when it does, or rank 0 waits in its collective until the store's timeout
+    ex = MultiProcExecutor(FakeConfig(), RUNNER, failure_grace_s=0.5)
+    group = ex._state.group
+    set_busy = group.set_local_busy
+
+    def late_driver(busy: bool) -> None:
+        if busy:
+            deadline = time.monotonic() + 10
+            while not group.replies.qsize() and time.monotonic() < deadline:   # rank 1's error is in
+                time.sleep(0.01)
+        set_busy(busy)
+
+    monkeypatch.setattr(group, "set_local_busy", late_driver)
+    pids = list(ex.worker_pids.values())
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="fake failure on rank 1") as info:
+        ex.run_on_all_ranks("raise_on", 1)
+    assert time.monotonic() - start < 5
+    assert "executor is closed" in str(info.value)
+    _assert_clean(pids)
+    ex.shutdown()

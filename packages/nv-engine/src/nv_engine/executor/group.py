@@ -41,6 +41,8 @@ class WorkerGroup:
         self._hello_cv = threading.Condition(self._lock)
         self._local_busy = False           # the driver's own rank is inside a call
         self._kill_at: float | None = None
+        self._worker_failed = False        # a worker answered this call with an error (maybe before the driver's
+                                           # rank entered it: the grace then starts when it does)
         self._closing = False
         self._stopped = False
         self._wake_r, self._wake_w = os.pipe()
@@ -80,6 +82,8 @@ class WorkerGroup:
             raise RuntimeError(f"tensor-parallel worker failed to start: {self.broken}")
 
     def broadcast(self, payload: bytes) -> None:
+        with self._lock:
+            self._worker_failed = False    # a new call
         for rank, conn in self.conns.items():
             try:
                 conn.send_bytes(payload)
@@ -90,7 +94,10 @@ class WorkerGroup:
     def set_local_busy(self, busy: bool) -> None:
         with self._lock:
             self._local_busy = busy
-            self._kill_at = None
+            failed_first = busy and self._worker_failed
+            self._kill_at = time.monotonic() + self.grace_s if failed_first else None
+        if failed_first:
+            os.write(self._wake_w, b"x")   # the watcher's wait takes the deadline now
 
     def collect(self, call_id: int, local_failed: bool) -> dict[int, tuple[str, object]]:
         """Replies to `call_id` from every worker (fewer when the group broke on the way)."""
@@ -185,6 +192,8 @@ class WorkerGroup:
             ready = wait([*readers, *sentinels, self._wake_r], timeout)
             if self._stopped:
                 return
+            if self._wake_r in ready:
+                os.read(self._wake_r, 64)  # a new deadline (set_local_busy): the next wait takes it
             for obj in ready:
                 if obj in readers:
                     self._read_one(cast(Connection, obj), readers)   # a key of readers
@@ -220,6 +229,7 @@ class WorkerGroup:
         self.replies.put((rank, kind, call_id, payload))
         if kind == ERR:
             with self._lock:
+                self._worker_failed = True
                 if self._local_busy and self._kill_at is None:
                     self._kill_at = time.monotonic() + self.grace_s
 
