@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import math
-from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,25 +27,18 @@ from bench_small_gemm import graph_us
 
 from nv_kernels.fp8_block_gemm import (
     GROUP,
-    GROUP_M,
+    W8A8Launch,
+    choose_launch,
     fp8_block_gemm_torch,
     fp8_block_gemm_triton,
+    gemm_on_codes,
     quantize_activations_triton,
     quantize_fp8_block,
-    tile_shape,
 )
 from nv_kernels.testing import relative_error
 
 MAX_COPIES = 8
 TOLERANCE = 1e-2          # relative error against the reference (both round x to FP8 the same way)
-
-
-class W8A8Launch(NamedTuple):
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    paired: bool
 
 
 # the launches timed besides the heuristic's (--full: every combination of these values)
@@ -57,29 +49,14 @@ LAUNCHES = [W8A8Launch(128, 128, 8, 3, False), W8A8Launch(128, 128, 8, 3, True),
 
 
 def launch_candidates(m: int, n: int, k: int, sms: int, full: bool = False) -> list[W8A8Launch]:
-    """The heuristic's launch first, then LAUNCHES (or, with `full`, every combination of 64 / 128 rows and
-    columns, 4 / 8 warps, 2-4 stages and one or two groups a step); two groups a step only where K is a multiple of
-    256, as the kernel needs."""
-    block_m, block_n, warps, stages = tile_shape(m, n, sms)
+    """The heuristic's launch (`choose_launch`) first, then LAUNCHES (or, with `full`, every combination of 64 / 128
+    rows and columns, 4 / 8 warps, 2-4 stages and one or two groups a step); two groups a step only where K is a
+    multiple of 256, as the kernel needs."""
     paired_ok = k % (2 * GROUP) == 0
-    found = [W8A8Launch(block_m, block_n, warps, stages, paired_ok)]
     grid = (itertools.starmap(W8A8Launch, itertools.product((64, 128), (64, 128), (4, 8), (2, 3, 4), (False, True)))
             if full else LAUNCHES)
-    found += [launch for launch in grid if paired_ok or not launch.paired]
+    found = [choose_launch(m, n, k, sms)] + [launch for launch in grid if paired_ok or not launch.paired]
     return list(dict.fromkeys(found))
-
-
-def gemm_call(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, y: torch.Tensor,
-              launch: W8A8Launch) -> None:
-    """The GEMM kernel alone on quantized x, with `launch`."""
-    from nv_kernels.fp8_block_gemm_kernel import fp8_block_gemm_kernel
-
-    (m, k), n = x_q.shape, w_q.shape[0]
-    kernel: Any = fp8_block_gemm_kernel
-    kernel[(math.ceil(m / launch.block_m) * math.ceil(n / launch.block_n),)](
-        x_q, x_scale, w_q, w_scale, y, y, m, n, k, x_q.stride(0), x_scale.stride(0), w_q.stride(0), w_scale.stride(0),
-        y.stride(0), HAS_BIAS=False, EVEN_K=k % GROUP == 0, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
-        GROUP_M=GROUP_M, PAIRED=launch.paired, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 def bench_shape(name: str, n: int, k: int, m: int, sms: int, full: bool) -> dict:
@@ -101,14 +78,14 @@ def bench_shape(name: str, n: int, k: int, m: int, sms: int, full: bool) -> dict
     timed, failed = [], []
     for launch in launch_candidates(m, n, k, sms, full):
         try:
-            gemm_call(x_q, x_scale, *quantized[0], y, launch)
+            gemm_on_codes(x_q, x_scale, *quantized[0], None, y, launch)
         except (OutOfResources, CompilationError):
             continue
         err = relative_error(y, want)
         if not err < TOLERANCE:
             failed.append({"launch": launch._asdict(), "rel_err": err})
             continue
-        us = graph_us([lambda i=i, c=launch: gemm_call(x_q, x_scale, *quantized[i % copies], y, c)
+        us = graph_us([lambda i=i, c=launch: gemm_on_codes(x_q, x_scale, *quantized[i % copies], None, y, c)
                        for i in range(calls)])
         timed.append({"launch": launch._asdict(), "us": us})
     best = sorted(timed, key=lambda r: r["us"])[:3]

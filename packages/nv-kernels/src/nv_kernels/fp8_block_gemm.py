@@ -10,7 +10,7 @@ reference.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -100,10 +100,40 @@ def quantize_activations_triton(x: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
+class W8A8Launch(NamedTuple):
+    """One launch of the GEMM on FP8 codes: tile rows and columns, warps, pipeline stages, and whether a step takes
+    two 128-input groups (K a multiple of 256)."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    paired: bool
+
+
+def choose_launch(m: int, n: int, k: int, sms: int) -> W8A8Launch:
+    """The launch fp8_block_gemm_triton takes: `tile_shape`'s tile, two groups a step wherever K allows."""
+    return W8A8Launch(*tile_shape(m, n, sms), paired=k % (2 * GROUP) == 0)
+
+
+def gemm_on_codes(x_q: Tensor, x_scale: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tensor | None,
+                  out: Tensor, launch: W8A8Launch) -> Tensor:
+    """The GEMM kernel alone: quantized x (`quantize_activations_triton`'s codes and scales) @ dequant(W)^T (+ bias)
+    into out [M, N], with `launch`."""
+    from nv_kernels.fp8_block_gemm_kernel import fp8_block_gemm_kernel  # imported at first use (interpreter tests)
+
+    (m, k), n = x_q.shape, w_q.shape[0]
+    grid = (-(-m // launch.block_m) * -(-n // launch.block_n),)
+    kernel: Any = fp8_block_gemm_kernel          # launch options (num_warps) are not in the JIT function's type
+    kernel[grid](x_q, x_scale, w_q, scale_inv, bias if bias is not None else out, out, m, n, k,
+                 x_q.stride(0), x_scale.stride(0), w_q.stride(0), scale_inv.stride(0), out.stride(0),
+                 HAS_BIAS=bias is not None, EVEN_K=k % GROUP == 0, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
+                 GROUP_M=GROUP_M, PAIRED=launch.paired, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    return out
+
+
 def fp8_block_gemm_triton(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tensor | None = None) -> Tensor:
     """The Triton kernels: x [..., K] (bf16 / fp16 / fp32) -> [..., N] in x's dtype. The activations are quantized
     once, then the GEMM runs on FP8 codes."""
-    from nv_kernels.fp8_block_gemm_kernel import fp8_block_gemm_kernel  # imported at first use (interpreter tests)
     from nv_kernels.sm_count import cuda_sm_count
 
     flat = x.reshape(-1, x.shape[-1])
@@ -113,14 +143,8 @@ def fp8_block_gemm_triton(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tenso
     n = w_q.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     x_q, x_scale = quantize_activations_triton(flat)
-    block_m, block_n, num_warps, num_stages = tile_shape(m, n, cuda_sm_count(x.device) or DEFAULT_SMS)
-    grid = (-(-m // block_m) * -(-n // block_n),)
-    kernel: Any = fp8_block_gemm_kernel          # launch options (num_warps) are not in the JIT function's type
-    kernel[grid](x_q, x_scale, w_q, scale_inv, bias if bias is not None else y, y, m, n, k,
-                 x_q.stride(0), x_scale.stride(0), w_q.stride(0), scale_inv.stride(0), y.stride(0),
-                 HAS_BIAS=bias is not None, EVEN_K=k % GROUP == 0, BLOCK_M=block_m, BLOCK_N=block_n,
-                 GROUP_M=GROUP_M, PAIRED=k % (2 * GROUP) == 0, num_warps=num_warps, num_stages=num_stages)
-    return y.view(*x.shape[:-1], n)
+    launch = choose_launch(m, n, k, cuda_sm_count(x.device) or DEFAULT_SMS)
+    return gemm_on_codes(x_q, x_scale, w_q, scale_inv, bias, y, launch).view(*x.shape[:-1], n)
 
 
 def fp8_block_gemm(x: Tensor, w_q: Tensor, scale_inv: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -85,9 +85,6 @@ def copy_bandwidth(device: torch.device, num_bytes: int = 1 << 30, iters: int = 
     return 2 * 4 * n * 5 / (time.perf_counter() - t)
 
 
-# what the runtime holds per weight element of a quantized linear layer: FP8 one byte plus an fp32 scale per
-# 128 x 128 block; INT4 half a byte plus, per group of 128 inputs, a float16 scale and a uint8 zero
-QUANTIZED_BLOCK = 128
 LINEAR_WEIGHT_SUFFIX = "_proj.weight"     # q/k/v/o and gate/up/down projections of Qwen3 and Llama checkpoints
 # safetensors' dtype names: the float weights that load at the model's dtype, and the stored bytes per element
 # of everything else
@@ -126,10 +123,15 @@ def checkpoint_weight_bytes(model_dir: str, itemsize: int, quantization: str | N
 
 
 def quantized_linear_bytes(rows: int, cols: int, quantization: str) -> int:
-    """What nv stores for a [rows, cols] projection quantized online."""
+    """What nv stores for a [rows, cols] projection quantized online: FP8 one byte per weight plus an fp32 scale per
+    128 x 128 block (nv_kernels.fp8_block_gemm); INT4 half a byte plus, per group of 128 inputs, a float16 scale
+    and a uint8 zero (nv_kernels.int4_gemm)."""
+    from nv_kernels.fp8_block_gemm import GROUP as FP8_BLOCK
+    from nv_kernels.int4_gemm import GROUP as INT4_GROUP
+
     if quantization == "fp8":
-        return rows * cols + 4 * math.ceil(rows / QUANTIZED_BLOCK) * math.ceil(cols / QUANTIZED_BLOCK)
-    return rows * cols // 2 + rows * math.ceil(cols / QUANTIZED_BLOCK) * 3
+        return rows * cols + 4 * math.ceil(rows / FP8_BLOCK) * math.ceil(cols / FP8_BLOCK)
+    return rows * cols // 2 + rows * math.ceil(cols / INT4_GROUP) * 3
 
 
 def kv_bytes_per_token(hf_config: Any, kv_dtype: torch.dtype) -> int:
